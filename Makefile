@@ -1,0 +1,44 @@
+# The two commands of the README do all set-up on a fresh machine:
+#   make run    set up, then run the main job on the embedded default (tiny model, local sandbox)
+#   make test   set up, then run the test suite
+# `make install` alone builds the environment; it is idempotent (seconds when already done).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+CONCH  := $(BIN)/conch
+APT_PACKAGES := bubblewrap debootstrap
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: install system-deps venv base test run clean
+
+install: system-deps $(STAMP) base
+
+# System packages, installed with apt only when we are root and they are missing.
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then echo "apt-get install$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "missing system packages:$$missing (run as root, or install them: sudo apt-get install$$missing)"; exit 1; fi; \
+	fi
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+# The local sandbox base root (Debian bookworm from Debian packages) and the offline verifier toolchain.
+base: $(STAMP)
+	$(CONCH) images build-base --local
+
+test: install
+	$(BIN)/python -m pytest -q
+
+run: install
+	$(CONCH) check examples/tasks --agent oracle
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,3 @@
+from conch.cli import main
+
+raise SystemExit(main())

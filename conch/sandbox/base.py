@@ -1,0 +1,112 @@
+"""The Sandbox protocol every backend implements.
+
+Why a protocol this small: the agent loop, the verifier and the harness agents only ever need to start a box,
+run commands in it (one-shot or through a persistent shell), move files in and out, and stop it. Keeping the
+surface to that lets the `local` (bubblewrap) and `docker` backends give identical results, and lets a future
+remote backend slot in without touching the callers.
+
+Everything that crosses this interface is plain data (dataclasses of str/int/float/bool), so results can
+travel between Ray workers later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+DEFAULT_OUTPUT_CAP = 64 * 1024  # bytes of output kept per stream (head + tail)
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """Outcome of one command.
+
+    `exit_code` is None when the command was killed by its timeout. `truncated` is True when the middle of
+    stdout or stderr was dropped to respect the output cap (head and tail are kept, with a marker line).
+    """
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    timed_out: bool = False
+    truncated: bool = False
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits, from a task's `[environment]` table (Harbor) or backend defaults."""
+
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    storage_mb: int = 10240
+    pids: int = 512
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a backend needs to build and start a task's environment.
+
+    `context_dir` is the Docker build context; `dockerfile` is the Dockerfile inside it (None: the bare base).
+    `workdir` overrides the Dockerfile's WORKDIR when set.
+    """
+
+    name: str
+    context_dir: Path | None = None
+    dockerfile: Path | None = None
+    compose_file: Path | None = None
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be built, started or used (not a command's own failure)."""
+
+
+@runtime_checkable
+class ShellSession(Protocol):
+    """One real bash process whose state (cwd, variables, functions, jobs) persists between commands."""
+
+    async def run(self, command: str, timeout: float = 60.0, output_cap: int = DEFAULT_OUTPUT_CAP) -> ExecResult:
+        """Run `command` in the session. A timeout interrupts the command, never the session."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """An isolated machine-like environment with no network."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None:
+        """Kill every process of the sandbox and release its filesystem. Idempotent."""
+        ...
+
+    async def exec(
+        self,
+        command: str,
+        timeout: float = 60.0,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        output_cap: int = DEFAULT_OUTPUT_CAP,
+    ) -> ExecResult:
+        """Run `command` with `bash -c` in a fresh process inside the sandbox."""
+        ...
+
+    async def shell(self, cwd: str | None = None, env: dict[str, str] | None = None) -> ShellSession:
+        """Open a persistent shell session inside the sandbox."""
+        ...
+
+    async def upload(self, src: Path, dest: str) -> None:
+        """Copy a host file or folder to path `dest` inside the sandbox (parents created)."""
+        ...
+
+    async def download(self, src: str, dest: Path) -> None:
+        """Copy a file or folder at `src` inside the sandbox to the host path `dest`."""
+        ...

@@ -1,0 +1,326 @@
+"""The `docker` sandbox backend: one container per sandbox, driven through the Docker Engine API.
+
+Why the engine API and not the docker CLI: a `docker` subprocess per command costs a process start plus the
+CLI's own start-up on top of the engine's exec, and a persistent shell would hold a CLI process per session.
+Here one-shot commands are an exec created and started over the API socket, and a persistent shell is one
+exec of bash whose hijacked API connection carries stdin and the multiplexed stdout/stderr frames, read
+without blocking a thread, so `--jobs N` sessions cost N sockets and no threads.
+
+Containers run with networking disabled (network_mode "none"), the task's CPU/memory/pids limits, and labels
+(`io.conch.kind=sandbox`, `io.conch.owner=<host>:<pid>`) so that `conch sandbox gc` can remove whatever a
+crashed run left. Every container this process starts is also removed at interpreter exit (Ctrl-C included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import io
+import os
+import re
+import shutil
+import socket
+import struct
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec, ShellSession
+from conch.sandbox import docker_images as images
+
+HOST_GRACE_S = 10.0  # host-side guard beyond a command's own timeout (the in-container `timeout` kills first)
+
+_live: dict[str, Any] = {}  # container name -> docker client, for the exit-time safety net
+_live_lock = threading.Lock()
+
+
+def _remove_live_containers() -> None:
+    with _live_lock:
+        items = list(_live.items())
+        _live.clear()
+    for name, c in items:
+        try:
+            c.api.remove_container(name, force=True)
+        except Exception:
+            pass  # already gone, or the engine is gone; `conch sandbox gc` is the fallback
+
+
+atexit.register(_remove_live_containers)
+
+
+def owner_label() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class _Capped:
+    """Keeps the head and tail of a byte stream within `cap` bytes, noting how much was dropped."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = max(cap, 0)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def feed(self, data: bytes) -> None:
+        half = self.cap // 2
+        room = half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if not data:
+            return
+        self.tail += data
+        excess = len(self.tail) - (self.cap - half)
+        if excess > 0:
+            del self.tail[:excess]
+            self.dropped += excess
+
+    def text(self) -> str:
+        if not self.dropped:
+            return (bytes(self.head) + bytes(self.tail)).decode("utf-8", "replace")
+        marker = f"\n[... {self.dropped} bytes of output truncated ...]\n"
+        return bytes(self.head).decode("utf-8", "replace") + marker + bytes(self.tail).decode("utf-8", "replace")
+
+
+async def _read_frames(reader: asyncio.StreamReader, sinks: dict[int, Any]) -> None:
+    """Demultiplex the engine's stdout(1)/stderr(2) frames from `reader` into `sinks[n].feed(bytes)`."""
+    while True:
+        try:
+            header = await reader.readexactly(8)
+        except asyncio.IncompleteReadError:
+            return
+        size = struct.unpack(">I", header[4:])[0]
+        try:
+            payload = await reader.readexactly(size)
+        except asyncio.IncompleteReadError as exc:
+            payload = exc.partial
+        sink = sinks.get(header[0])
+        if sink is not None:
+            sink.feed(payload)
+        if len(payload) < size:
+            return
+
+
+async def _hijack(api: Any, exec_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Start exec `exec_id` and return the upgraded API connection as asyncio streams."""
+    sock = await asyncio.to_thread(api.exec_start, exec_id, socket=True)
+    raw = getattr(sock, "_sock", sock)
+    if not isinstance(raw, socket.socket):
+        raise SandboxError(f"the Docker engine connection ({type(raw).__name__}) cannot be streamed; "
+                           "use a unix:// or plain tcp:// DOCKER_HOST")
+    raw.setblocking(False)
+    return await asyncio.open_connection(sock=raw, limit=1 << 20)
+
+
+async def _exit_code(api: Any, exec_id: str) -> tuple[int | None, int]:
+    """(exit code, host pid) of a finished exec; the engine may report it a moment after the stream ends."""
+    info: dict[str, Any] = {}
+    for _ in range(100):
+        info = await asyncio.to_thread(api.exec_inspect, exec_id)
+        if not info.get("Running"):
+            return info.get("ExitCode"), int(info.get("Pid") or 0)
+        await asyncio.sleep(0.02)
+    return None, int(info.get("Pid") or 0)
+
+
+def _kill_host_pid(pid: int) -> None:
+    """Best effort: kill an exec's process when the engine runs on this host (same pid namespace)."""
+    if pid > 0:
+        try:
+            os.kill(pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_.-]+", "-", name).strip("-.")[:40] or "task"
+
+
+class DockerSandbox:
+    """A Sandbox (see conch/sandbox/base.py) backed by one Docker container."""
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.image: str | None = None
+        self.container: str | None = None  # name, known before the container exists (for cleanup)
+        self._client: Any = None
+        self._env: dict[str, str] = {}
+        self._workdir: str | None = None
+        self._shells: list[Any] = []
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self.container is not None:
+            raise SandboxError(f"sandbox {self.name} already started")
+        spec = self.spec
+        env = images.environment_of(spec.context_dir, spec.dockerfile, spec.compose_file)
+        self._client = await asyncio.to_thread(images.client)
+        self.image = await asyncio.to_thread(images.ensure_env_image, env, spec.name)
+        self._env = {**env.env, **spec.env}
+        self._workdir = spec.workdir or env.workdir
+        self.container = f"conch-{_slug(spec.name)}-{uuid.uuid4().hex[:10]}"
+        with _live_lock:
+            _live[self.container] = self._client
+        try:
+            await asyncio.to_thread(self._create_and_start)
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _create_and_start(self) -> None:
+        import docker.errors
+
+        api, lim = self._client.api, self.spec.limits
+        host_config = api.create_host_config(
+            network_mode="none",
+            nano_cpus=int(lim.cpus * 1e9),
+            mem_limit=f"{lim.memory_mb}m",
+            memswap_limit=f"{lim.memory_mb}m",
+            pids_limit=lim.pids,
+            init=True,
+        )
+        try:
+            api.create_container(
+                self.image, name=self.container, entrypoint=["sleep", "infinity"], detach=True,
+                environment=self._env, working_dir=self._workdir, host_config=host_config,
+                labels={images.LABEL_KIND: "sandbox", images.LABEL_TASK: self.name,
+                        images.LABEL_OWNER: owner_label()},
+                network_disabled=True,
+            )
+            api.start(self.container)
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"sandbox {self.name}: cannot start a container from {self.image}: {exc}") from exc
+
+    async def stop(self) -> None:
+        shells, self._shells = self._shells, []
+        for sh in shells:
+            await sh.close()
+        name = self.container
+        if name is None or self._client is None:
+            return
+        await asyncio.to_thread(self._remove, name)
+
+    def _remove(self, name: str) -> None:
+        import docker.errors
+
+        try:
+            self._client.api.remove_container(name, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if "already in progress" not in str(exc):
+                raise SandboxError(f"sandbox {self.name}: cannot remove container {name}: {exc}") from exc
+        with _live_lock:
+            _live.pop(name, None)
+
+    def _require(self) -> tuple[Any, str]:
+        if self.container is None or self._client is None:
+            raise SandboxError(f"sandbox {self.name} is not started")
+        return self._client.api, self.container
+
+    # ------------------------------------------------------------------------------------------ commands
+
+    async def exec(
+        self,
+        command: str,
+        timeout: float = 60.0,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        output_cap: int = DEFAULT_OUTPUT_CAP,
+    ) -> ExecResult:
+        api, container = self._require()
+        t0 = time.monotonic()
+        argv = ["timeout", "-s", "KILL", f"{max(timeout, 0.001):.3f}", "bash", "-c", command]
+        try:
+            created = await asyncio.to_thread(api.exec_create, container, argv, environment=env or None,
+                                              workdir=cwd or None)
+        except Exception as exc:
+            raise SandboxError(f"sandbox {self.name}: cannot run a command: {exc}") from exc
+        exec_id = created["Id"]
+        out, err = _Capped(output_cap), _Capped(output_cap)
+        reader, writer = await _hijack(api, exec_id)
+        writer.write_eof()  # no stdin
+        guard_hit = False
+        try:
+            await asyncio.wait_for(_read_frames(reader, {1: out, 2: err}), timeout + HOST_GRACE_S)
+        except asyncio.TimeoutError:
+            guard_hit = True
+        finally:
+            writer.close()
+        code, pid = await _exit_code(api, exec_id)
+        if guard_hit and code is None:
+            _kill_host_pid(pid)
+        seconds = time.monotonic() - t0
+        timed_out = guard_hit or (code == 137 and seconds >= timeout)
+        return ExecResult(stdout=out.text(), stderr=err.text(), exit_code=None if timed_out else code,
+                          timed_out=timed_out, truncated=bool(out.dropped or err.dropped), seconds=seconds)
+
+    async def shell(self, cwd: str | None = None, env: dict[str, str] | None = None) -> ShellSession:
+        raise NotImplementedError  # filled in with the shared session protocol (conch/sandbox/shell.py)
+
+    # ------------------------------------------------------------------------------------------ files
+
+    async def upload(self, src: Path, dest: str) -> None:
+        api, container = self._require()
+        src = Path(src)
+        if not src.exists():
+            raise FileNotFoundError(f"upload source {src} does not exist")
+        target = PurePosixPath(dest if dest.startswith("/") else f"{self._workdir or '/'}/{dest}")
+        buf = await asyncio.to_thread(_tar_for_upload, src, str(target).lstrip("/"))
+        ok = await asyncio.to_thread(api.put_archive, container, "/", buf)
+        if not ok:
+            raise SandboxError(f"sandbox {self.name}: copying {src} to {target} failed")
+
+    async def download(self, src: str, dest: Path) -> None:
+        import docker.errors
+
+        api, container = self._require()
+        target = src if src.startswith("/") else f"{self._workdir or '/'}/{src}"
+        try:
+            data = await asyncio.to_thread(_get_archive_bytes, api, container, target)
+        except docker.errors.NotFound as exc:
+            raise FileNotFoundError(f"sandbox {self.name}: {target} does not exist") from exc
+        await asyncio.to_thread(_extract_download, data, PurePosixPath(target).name or "root", Path(dest))
+
+
+def _tar_for_upload(src: Path, arcname: str) -> bytes:
+    """A tar of `src` named `arcname` (a path under /), without entries for the parents (kept as they are)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        def norm(info: tarfile.TarInfo) -> tarfile.TarInfo:
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            return info
+
+        tar.add(str(src), arcname=arcname, filter=norm)
+    return buf.getvalue()
+
+
+def _get_archive_bytes(api: Any, container: str, path: str) -> bytes:
+    stream, _stat = api.get_archive(container, path)
+    return b"".join(stream)
+
+
+def _extract_download(data: bytes, top: str, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".conch-dl-") as tmp:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            tar.extractall(tmp, filter="data")
+        got = Path(tmp) / top
+        if dest.is_dir() and not dest.is_symlink() and got.is_dir():
+            shutil.copytree(got, dest, symlinks=True, dirs_exist_ok=True)
+        else:
+            if dest.is_dir() and not dest.is_symlink():
+                shutil.rmtree(dest)
+            elif dest.exists() or dest.is_symlink():
+                dest.unlink()
+            os.replace(got, dest)
+
+
+__all__ = ["DockerSandbox", "owner_label"]

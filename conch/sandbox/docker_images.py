@@ -1,0 +1,475 @@
+"""Docker images for the `docker` sandbox: the offline base, task environment builds, and garbage collection.
+
+Why this exists: nothing can be pulled from a container registry here, yet task Dockerfiles start with
+`FROM python:3.13-slim-bookworm` or `FROM ghcr.io/laude-institute/t-bench/python-3-13`. So the base image is
+made from Debian packages (the same debootstrap'd root as the `local` backend, `docker import`ed), and FROM
+references that cannot be pulled are rewritten to it in a generated Dockerfile, saying so once per image.
+
+Task images are tagged by a content hash of everything that can change the result (generated Dockerfile,
+the build context's files, the ids of the images it starts from), so a second run, or another task with the
+same environment, reuses the image without asking the engine to build anything.
+
+Builds run with the host network (package registries are reachable at build time only) and with this
+machine's CA bundle added to the context and exposed to RUN steps through build ARGs, which the engine turns
+into environment variables for RUN but never stores in the image's configuration. The CA file itself is the
+only thing added to task images.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import os
+import re
+import sys
+import tarfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from conch.sandbox.base import SandboxError
+
+BASE_REPO = "conch/base"
+TASK_REPO = "conch/env"
+LABEL_KIND = "io.conch.kind"  # "base" | "env" | "sandbox"
+LABEL_TASK = "io.conch.task"
+LABEL_OWNER = "io.conch.owner"  # "<hostname>:<pid>" of the process that started a container
+BUILD_DIR = ".conch-build"  # generated files inside the build context
+CA_IN_IMAGE = "/usr/local/share/conch/build-ca.crt"
+# Environment variables through which common tools find a CA bundle; all set (as build ARGs) for RUN steps.
+CA_VARS = ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+           "GIT_SSL_CAINFO", "CARGO_HTTP_CAINFO")
+# Bumped when the way images are generated changes, so old cache entries are not reused.
+GENERATION = "1"
+
+# FROM references that have an offline stand-in (the Debian bookworm base).
+_STANDIN_PATTERNS = (
+    re.compile(r"^(docker\.io/)?(library/)?python:3(\.\d+){0,2}(-slim)?(-bookworm)?$"),
+    re.compile(r"^(docker\.io/)?(library/)?debian(:[\w.-]+)?$"),
+    re.compile(r"^(docker\.io/)?(library/)?ubuntu(:[\w.-]+)?$"),
+    re.compile(r"^ghcr\.io/laude-institute/t-bench/[\w./-]+(:[\w.-]+)?$"),
+)
+# Variables TB1 compose files use; the values its harness gives them inside the container.
+_COMPOSE_DEFAULTS = {
+    "T_BENCH_TEST_DIR": "/tests",
+    "T_BENCH_CONTAINER_LOGS_PATH": "/var/log/tbench",
+    "T_BENCH_CONTAINER_AGENT_LOGS_PATH": "/agent-logs",
+}
+
+Progress = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------- engine
+
+
+def engine_problem(timeout: float = 5.0) -> str | None:
+    """Why no Docker engine answers (a sentence), or None when one does."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=timeout)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:  # any failure means "no usable engine"; say which
+        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        return f"no Docker engine answers at {host}: {type(exc).__name__}: {exc}"
+    return None
+
+
+def client(timeout: float = 600.0) -> Any:
+    """A docker SDK client, or SandboxError naming the engine address when none answers."""
+    import docker
+
+    try:
+        c = docker.from_env(timeout=timeout)
+        c.ping()
+    except Exception as exc:
+        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        raise SandboxError(f"no Docker engine answers at {host} ({type(exc).__name__}: {exc}); "
+                           "start one (e.g. `dockerd --bridge=none --iptables=false`)") from exc
+    return c
+
+
+# ----------------------------------------------------------------------------------------------- compose
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What to build and how to run it, after reading a compose file if there is one.
+
+    `dockerfile` None with `image` None: the bare base image. `image`: a compose service without `build`.
+    """
+
+    context_dir: Path | None
+    dockerfile: Path | None
+    image: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+
+
+def _interpolate(value: str) -> str:
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1) or m.group(3), m.group(2) or ""
+        return _COMPOSE_DEFAULTS.get(name, default)
+
+    return re.sub(r"\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)", sub, value)
+
+
+def environment_of(context_dir: Path | None, dockerfile: Path | None, compose_file: Path | None) -> Environment:
+    """Resolve a task's environment; a compose file with several services is a SandboxError (unsupported)."""
+    if compose_file is None:
+        return Environment(context_dir=context_dir, dockerfile=dockerfile)
+    import yaml
+
+    try:
+        doc = yaml.safe_load(compose_file.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SandboxError(f"{compose_file}: cannot read compose file: {exc}") from exc
+    services = doc.get("services") if isinstance(doc, dict) else None
+    if not isinstance(services, dict) or not services:
+        raise SandboxError(f"{compose_file}: no `services` table")
+    if len(services) > 1:
+        raise SandboxError(f"{compose_file}: defines {len(services)} services ({', '.join(sorted(services))}); "
+                           "multi-service compose tasks are unsupported by conch sandboxes (one container only)")
+    name, svc = next(iter(services.items()))
+    svc = svc or {}
+    if not isinstance(svc, dict):
+        raise SandboxError(f"{compose_file}: service {name!r} must be a mapping")
+    env_items = svc.get("environment") or {}
+    if isinstance(env_items, list):
+        env_items = dict(item.split("=", 1) if "=" in item else (item, "") for item in map(str, env_items))
+    env = {str(k): _interpolate(str(v if v is not None else "")) for k, v in env_items.items()}
+    workdir = svc.get("working_dir")
+    build = svc.get("build")
+    if build is None:
+        image = svc.get("image")
+        if dockerfile is None and image:
+            return Environment(None, None, image=_interpolate(str(image)), env=env, workdir=workdir)
+        return Environment(context_dir, dockerfile, env=env, workdir=workdir)
+    if isinstance(build, str):
+        build = {"context": build}
+    ctx = (compose_file.parent / _interpolate(str(build.get("context", ".")))).resolve()
+    df = ctx / _interpolate(str(build.get("dockerfile", "Dockerfile")))
+    if not df.is_file():
+        raise SandboxError(f"{compose_file}: service {name!r} builds {df}, which does not exist")
+    return Environment(ctx, df, env=env, workdir=workdir)
+
+
+# ----------------------------------------------------------------------------------------------- FROM
+
+
+_announced: set[str] = set()
+_announce_lock = threading.Lock()
+
+
+def is_standin_ref(ref: str) -> bool:
+    """True for FROM references that are replaced by the offline Debian bookworm base."""
+    ref = ref.split("@", 1)[0]
+    return any(p.match(ref) for p in _STANDIN_PATTERNS)
+
+
+def _logical_lines(text: str) -> list[tuple[int, int, str]]:
+    """(first line index, last line index, joined text) of each instruction, comments and blanks skipped."""
+    lines = text.split("\n")
+    out: list[tuple[int, int, str]] = []
+    i = 0
+    while i < len(lines):
+        start, parts = i, []
+        while True:
+            line = lines[i]
+            stripped = line.strip()
+            if parts and (stripped.startswith("#") or not stripped):
+                i += 1  # comments and blank lines inside a continuation are skipped
+            elif line.rstrip().endswith("\\"):
+                parts.append(line.rstrip()[:-1])
+                i += 1
+            else:
+                parts.append(line)
+                i += 1
+                break
+            if i >= len(lines):
+                break
+        joined = " ".join(p.strip() for p in parts).strip()
+        if joined and not joined.startswith("#"):
+            out.append((start, i - 1, joined))
+    return out
+
+
+def _expand_args(ref: str, args: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)",
+                  lambda m: args.get(m.group(1) or m.group(3), m.group(2) or ""), ref)
+
+
+@dataclass(frozen=True)
+class GeneratedDockerfile:
+    text: str
+    standins: tuple[str, ...]  # original references replaced by the base image
+    parents: tuple[str, ...]  # image references the build starts from (after replacement)
+
+
+def generate_dockerfile(text: str, base_ref: str, source: str, image_exists: Callable[[str], bool]) -> GeneratedDockerfile:
+    """Rewrite FROM lines (stand-ins, build CA) in Dockerfile `text`; `source` names it in errors."""
+    lines = text.split("\n")
+    stages: set[str] = set()
+    global_args: dict[str, str] = {}
+    standins: list[str] = []
+    parents: list[str] = []
+    replacements: dict[int, tuple[int, list[str]]] = {}
+    seen_from = False
+    for first, last, instr in _logical_lines(text):
+        word, _, rest = instr.partition(" ")
+        kw = word.upper()
+        if kw == "ARG" and not seen_from:
+            for decl in rest.split():
+                k, _, v = decl.partition("=")
+                global_args[k] = v.strip("\"'")
+            continue
+        if kw != "FROM":
+            continue
+        seen_from = True
+        tokens = rest.split()
+        flags = [t for t in tokens if t.startswith("--")]
+        words = [t for t in tokens if not t.startswith("--")]
+        if not words:
+            raise SandboxError(f"{source}:{first + 1}: FROM without an image")
+        ref = _expand_args(words[0], global_args)
+        alias = words[2] if len(words) >= 3 and words[1].upper() == "AS" else None
+        if ref.lower() in stages or ref == "scratch":
+            new_ref = ref
+        elif image_exists(ref):
+            new_ref = ref
+            parents.append(ref)
+        elif is_standin_ref(ref):
+            new_ref = base_ref
+            standins.append(ref)
+            parents.append(base_ref)
+        else:
+            raise SandboxError(f"{source}:{first + 1}: FROM {ref} cannot be pulled (no registry access) and has no "
+                               "offline stand-in (python:3.x, debian:*, ubuntu:*, ghcr.io/laude-institute/t-bench/*);"
+                               " load it into the engine first (`docker load`)")
+        head = " ".join(["FROM", *flags, new_ref] + (["AS", alias] if alias else []))
+        if new_ref == "scratch":
+            block = [head]
+        else:
+            block = [head, f"COPY {BUILD_DIR}/ca.crt {CA_IN_IMAGE}"]
+            block += [f"ARG {var}={CA_IN_IMAGE}" for var in CA_VARS]
+        if alias:
+            stages.add(alias.lower())
+        replacements[first] = (last, block)
+    if not seen_from:
+        raise SandboxError(f"{source}: no FROM instruction")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        if i in replacements:
+            last, block = replacements[i]
+            out.extend(block)
+            i = last + 1
+        else:
+            out.append(lines[i])
+            i += 1
+    return GeneratedDockerfile("\n".join(out), tuple(standins), tuple(parents))
+
+
+def announce_standins(standins: tuple[str, ...], base_ref: str, source: str) -> None:
+    """Say once per process and original reference that it was replaced by the offline base."""
+    with _announce_lock:
+        for ref in standins:
+            if ref not in _announced:
+                _announced.add(ref)
+                _stderr(f"conch: {source}: FROM {ref} cannot be pulled here; using the offline base {base_ref} "
+                        "(Debian bookworm, python3 from Debian) instead")
+
+
+# ----------------------------------------------------------------------------------------------- context
+
+
+def context_paths(context_dir: Path, dockerfile_rel: str) -> list[str]:
+    """Paths (relative, sorted) of the build context after .dockerignore, like the docker CLI sends."""
+    from docker.utils.build import exclude_paths
+
+    patterns: list[str] = []
+    ignore = context_dir / ".dockerignore"
+    if ignore.is_file():
+        for line in ignore.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                patterns.append(line)
+    return sorted(exclude_paths(str(context_dir), patterns, dockerfile=dockerfile_rel))
+
+
+def _hash_context(h: Any, root: Path, paths: list[str]) -> None:
+    for rel in paths:
+        p = root / rel
+        st = p.lstat()
+        h.update(f"\0{rel}\0{st.st_mode & 0o170755:o}\0".encode())
+        if p.is_symlink():
+            h.update(os.readlink(p).encode())
+        elif p.is_file():
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+
+
+def _context_tar(root: Path | None, paths: list[str], dockerfile_text: str, ca: bytes) -> io.BytesIO:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for rel in paths:
+            p = root / rel  # type: ignore[operator]
+            info = tar.gettarinfo(str(p), arcname=rel)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if info.isreg():
+                with open(p, "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+        for name, data, mode in ((f"{BUILD_DIR}/Dockerfile", dockerfile_text.encode(), 0o644),
+                                 (f"{BUILD_DIR}/ca.crt", ca, 0o644)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    return buf
+
+
+def build_ca_bundle() -> bytes:
+    """This machine's CA bundle (SSL_CERT_FILE, else the Debian default), given to builds for TLS."""
+    for cand in (os.environ.get("SSL_CERT_FILE"), os.environ.get("PIP_CERT"), "/etc/ssl/certs/ca-certificates.crt"):
+        if cand and Path(cand).is_file():
+            return Path(cand).read_bytes()
+    return b""
+
+
+# ----------------------------------------------------------------------------------------------- locks
+
+
+_thread_locks: dict[str, threading.Lock] = {}
+_thread_locks_guard = threading.Lock()
+
+
+class _BuildLock:
+    """One build per image at a time: a thread lock (same process) plus a file lock (other processes)."""
+
+    def __init__(self, key: str) -> None:
+        with _thread_locks_guard:
+            self._tlock = _thread_locks.setdefault(key, threading.Lock())
+        lock_dir = Path(os.environ.get("TMPDIR", "/tmp")) / "conch-docker-locks"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        self._path = lock_dir / f"{key.replace('/', '_').replace(':', '_')}.lock"
+        self._fd: int | None = None
+
+    def __enter__(self) -> "_BuildLock":
+        self._tlock.acquire()
+        self._fd = os.open(self._path, os.O_CREAT | os.O_RDWR, 0o666)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+        self._tlock.release()
+
+
+def _image_id(c: Any, ref: str) -> str | None:
+    import docker.errors
+
+    try:
+        return c.images.get(ref).id
+    except docker.errors.ImageNotFound:
+        return None
+    except docker.errors.APIError as exc:  # malformed references and the like
+        if getattr(exc, "status_code", None) in (400, 404):
+            return None
+        raise
+
+
+# ----------------------------------------------------------------------------------------------- builds
+
+
+def _run_build(c: Any, tag: str, fileobj: io.BytesIO, labels: dict[str, str], what: str,
+               progress: Progress) -> None:
+    """Build with the host network, streaming step lines to `progress`; SandboxError with the log tail."""
+    import docker.errors
+
+    tail: list[str] = []
+    try:
+        for chunk in c.api.build(fileobj=fileobj, custom_context=True, dockerfile=f"{BUILD_DIR}/Dockerfile",
+                                 tag=tag, network_mode="host", rm=True, forcerm=True, pull=False,
+                                 labels=labels, decode=True):
+            if "error" in chunk:
+                tail.append(str(chunk["error"]).rstrip())
+                raise SandboxError(f"building {what} failed: {chunk['error'].strip()}\n" + "\n".join(tail[-40:]))
+            text = chunk.get("stream")
+            if text:
+                for line in text.rstrip("\n").split("\n"):
+                    tail.append(line)
+                    if line.startswith("Step "):
+                        progress(f"  {what}: {line}")
+                del tail[:-200]
+    except docker.errors.APIError as exc:
+        raise SandboxError(f"building {what} failed: {exc}\n" + "\n".join(tail[-40:])) from exc
+
+
+def ensure_env_image(env: Environment, what: str, progress: Progress = _stderr) -> str:
+    """The image reference for `env`, built (once, cached by content hash) if missing. `what` names it."""
+    c = client()
+    try:
+        base_ref = ensure_base_image(c, progress)
+        if env.dockerfile is None:
+            if env.image is None:
+                return base_ref
+            text, source, ctx = f"FROM {env.image}\n", f"{what} (compose image)", None
+        else:
+            try:
+                text = env.dockerfile.read_text()
+            except OSError as exc:
+                raise SandboxError(f"{env.dockerfile}: cannot read Dockerfile: {exc}") from exc
+            source, ctx = str(env.dockerfile), env.context_dir or env.dockerfile.parent
+
+        gen = generate_dockerfile(text, base_ref, source, lambda ref: _image_id(c, ref) is not None)
+        announce_standins(gen.standins, base_ref, source)
+        if ctx is not None:
+            try:
+                rel = str(env.dockerfile.resolve().relative_to(ctx.resolve()))  # type: ignore[union-attr]
+            except ValueError:
+                rel = "Dockerfile"
+            paths = context_paths(ctx, rel)
+        else:
+            paths = []
+        h = hashlib.sha256(f"conch-env {GENERATION}\0".encode())
+        h.update(gen.text.encode())
+        for parent in gen.parents:
+            h.update(f"\0parent {parent} {_image_id(c, parent)}".encode())
+        if ctx is not None:
+            _hash_context(h, ctx, paths)
+        tag = f"{TASK_REPO}:{h.hexdigest()[:24]}"
+        if _image_id(c, tag):
+            return tag
+        with _BuildLock(tag):
+            if _image_id(c, tag):
+                return tag
+            progress(f"conch: building image {tag} for {what}")
+            tar = _context_tar(ctx, paths, gen.text, build_ca_bundle())
+            _run_build(c, tag, tar, {LABEL_KIND: "env", LABEL_TASK: what}, what, progress)
+        return tag
+    finally:
+        c.close()
+
+
+# ----------------------------------------------------------------------------------------------- base
+
+
+def ensure_base_image(c: Any, progress: Progress = _stderr) -> str:
+    """The offline base image reference, imported from the shared Debian base root when missing."""
+    raise SandboxError("base image import not wired yet")

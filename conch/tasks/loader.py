@@ -1,0 +1,69 @@
+"""Find and load every task below some folders, whatever its layout.
+
+A task is a folder holding `task.toml` (Harbor / Terminal-Bench 2.x) or `task.yaml` (Terminal-Bench 1). Why
+errors are values here: a batch of hundreds of tasks must not stop at the first broken one; each broken task
+becomes a `TaskLoadError` naming its file and problem, reported beside the tasks that did load.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from conch.tasks.harbor import MARKER as HARBOR_MARKER
+from conch.tasks.harbor import load_harbor_task
+from conch.tasks.model import Task, TaskLoadError
+from conch.tasks.tb1 import MARKER as TB1_MARKER
+from conch.tasks.tb1 import load_tb1_task
+
+
+def is_task_dir(folder: Path) -> bool:
+    return (folder / HARBOR_MARKER).is_file() or (folder / TB1_MARKER).is_file()
+
+
+def load_task(folder: Path) -> Task | TaskLoadError:
+    """Load one task folder. task.toml wins when both markers are present."""
+    folder = Path(folder)
+    if (folder / HARBOR_MARKER).is_file():
+        return load_harbor_task(folder)
+    if (folder / TB1_MARKER).is_file():
+        return load_tb1_task(folder)
+    return TaskLoadError(
+        name=folder.name,
+        path=folder.resolve(),
+        file=folder.resolve(),
+        message=f"not a task folder (no {HARBOR_MARKER} or {TB1_MARKER})",
+    )
+
+
+def find_task_dirs(root: Path) -> list[Path]:
+    """Task folders at or below `root` (a task folder is not searched further; hidden folders are skipped)."""
+    root = Path(root)
+    if root.is_file() and root.name in (HARBOR_MARKER, TB1_MARKER):
+        return [root.parent]
+    if is_task_dir(root):
+        return [root]
+    found = []
+    for dirpath, dirnames, _ in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        if here != root and is_task_dir(here):
+            found.append(here)
+            dirnames.clear()
+            continue
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    return found
+
+
+def load_tasks(paths: list[Path] | list[str]) -> list[Task | TaskLoadError]:
+    """Every task below `paths`, sorted by name (then path); each folder loaded once."""
+    seen: set[Path] = set()
+    results: list[Task | TaskLoadError] = []
+    for path in paths:
+        for folder in find_task_dirs(Path(path)):
+            key = folder.resolve()
+            if key in seen:
+                continue
+            seen.add(key)
+            results.append(load_task(folder))
+    results.sort(key=lambda t: (t.name, str(t.path)))
+    return results

@@ -1,0 +1,214 @@
+"""Run a task's verifier inside its sandbox and turn what it leaves into a `VerifyResult`.
+
+Protocol (the Harbor one, which Terminal-Bench 1 tasks are mapped onto): upload the task's tests to /tests,
+create an empty /logs/verifier, run `bash /tests/test.sh` (TB1: `bash /tests/run-tests.sh` with
+TEST_DIR=/tests) in the image's working directory under the task's verifier timeout, then download
+/logs/verifier and read it.
+
+What the fields mean:
+- `reward` is only ever the task's own official reward: /logs/verifier/reward.txt (a float) or reward.json.
+  When the verifier wrote none (every TB1 task, and custom Harbor scripts), `reward` is None even though the
+  tests are known. We deliberately do not derive it: Terminal-Bench's official outcome for such tasks is
+  binary "resolved iff every test passed" (`n_total > 0 and n_passed == n_total`), and keeping `reward`
+  None lets a reader tell a reward the task reported from one we would have invented.
+- `tests`, `n_passed`, `n_total` come from the richest source present: CTRF JSON, then JUnit XML, then the
+  pytest console output (`-rA` summary / `-v` lines, cross-checked with the final "N passed" line).
+- `error` is set for a verifier failure: timeout, bootstrap crash (test script exited before any test ran),
+  no reward file and no test results, an unreadable reward file, or a sandbox failure. A verifier error is
+  never a plain 0: with `error` set, `reward` is None, and when no test ran `n_total` is the static count of
+  the tests folder, so a crash reads 0/N, never 0/0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conch.sandbox.base import Sandbox
+from conch.tasks.model import Task
+from conch.verify_parsers import TestOutcome, find_ctrf, find_junit, parse_pytest_console, static_test_ids
+
+TESTS_DIR = "/tests"
+LOGS_DIR = "/logs/verifier"
+OUTPUT_CAP = 1024 * 1024  # the pytest summary is at the very end; keep plenty so it survives
+TAIL_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of one verifier run (plain data). `source` names where the test outcomes came from:
+    "ctrf", "junit", "pytest-summary", "pytest-counts" or "static" (no test ran)."""
+
+    reward: float | None
+    tests: list[TestOutcome]
+    n_passed: int
+    n_total: int
+    error: str | None
+    seconds: float
+    output_tail: str
+    source: str = "static"
+    exit_code: int | None = None
+    details: dict = field(default_factory=dict)
+
+
+def read_reward(folder: Path) -> tuple[float | None, str | None]:
+    """(reward, problem) from reward.txt or reward.json in `folder`; (None, None) when neither exists."""
+    txt, js = folder / "reward.txt", folder / "reward.json"
+    if txt.is_file():
+        raw = txt.read_text(errors="replace").strip()
+        try:
+            value = float(raw)
+        except ValueError:
+            return None, f"reward.txt is not a number: {raw[:80]!r}"
+        return (value, None) if math.isfinite(value) else (None, f"reward.txt is not finite: {raw!r}")
+    if js.is_file():
+        try:
+            doc = json.loads(js.read_text(errors="replace"))
+        except ValueError as exc:
+            return None, f"reward.json is not valid JSON: {exc}"
+        if isinstance(doc, dict):
+            numbers = {k: v for k, v in doc.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if "reward" in numbers:
+                doc = numbers["reward"]
+            elif len(numbers) == 1:
+                doc = next(iter(numbers.values()))
+        if isinstance(doc, (int, float)) and not isinstance(doc, bool) and math.isfinite(doc):
+            return float(doc), None
+        return None, "reward.json holds no single reward (expected a number or {\"reward\": number})"
+    return None, None
+
+
+def _collection_error_tests(files: list[str], static_ids: list[str]) -> list[TestOutcome]:
+    """A module that failed to import: each of its statically known tests counts as an error."""
+    out = []
+    for node in files:
+        node = node.replace("\\", "/")
+        matched = [i for i in static_ids if node == i.split("::")[0] or node.endswith("/" + i.split("::")[0])]
+        if matched:
+            out.extend(TestOutcome(i, "error") for i in matched)
+        else:
+            out.append(TestOutcome(node, "error"))
+    return out
+
+
+def outcomes_from(logs: Path, output: str, static_ids: list[str]) -> tuple[list[TestOutcome], int, int, str]:
+    """(tests, n_passed, n_total, source) from the downloaded logs folder and the script's output.
+
+    The source holding the most tests wins (ties: CTRF, JUnit, `-rA`/`-v` lines, final tally line). Why not
+    simply CTRF first: pytest-json-ctrf 0.3.5, the plugin TB2 test scripts pin, cuts the `[...]` off node ids
+    and merges the parametrized cases of a function into one entry, while the console's `-rA` lines keep
+    one line per case; and a capped console output can lose summary lines that its final tally still counts.
+    """
+    candidates: list[tuple[list[TestOutcome], int, int, str]] = []
+    for source, found in (("ctrf", find_ctrf(logs)), ("junit", find_junit(logs))):
+        if found:
+            candidates.append((found, sum(t.status == "passed" for t in found), len(found), source))
+    texts = [output]
+    texts += [p.read_text(errors="replace") for p in sorted(logs.rglob("*")) if p.suffix in (".txt", ".log")]
+    for text in texts:
+        console = parse_pytest_console(text)
+        tests = console.tests + _collection_error_tests(console.collection_errors, static_ids)
+        if tests:
+            candidates.append((tests, sum(t.status == "passed" for t in tests), len(tests), "pytest-summary"))
+        counts = console.counts
+        if counts and sum(counts.values()):
+            candidates.append((tests, counts["passed"], sum(counts.values()), "pytest-counts"))
+        if tests or counts:
+            break  # the script's own output is the authority; log files only when it says nothing
+    if not candidates:
+        return [], 0, 0, "static"
+    best = max(range(len(candidates)), key=lambda i: (candidates[i][2], -i))
+    return candidates[best]
+
+
+def _script_dest(task: Task) -> tuple[str, bool]:
+    """Path of the verifier script inside the sandbox, and whether it must be uploaded separately."""
+    try:
+        return f"{TESTS_DIR}/{task.test_script.relative_to(task.tests_dir).as_posix()}", False
+    except ValueError:
+        return f"{TESTS_DIR}/{task.test_script.name}", True  # TB1 run-tests.sh lives beside tests/
+
+
+async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
+    """Run the verifier of `task` in the started `sandbox`. Never raises for a verifier or sandbox failure."""
+    start = time.monotonic()
+    static_ids = static_test_ids(task.tests_dir)
+    script, separate = _script_dest(task)
+    try:
+        await sandbox.exec(f"rm -rf {TESTS_DIR} {LOGS_DIR}; mkdir -p {LOGS_DIR} && chmod 777 {LOGS_DIR}", timeout=60)
+        await sandbox.upload(task.tests_dir, TESTS_DIR)
+        if separate:
+            await sandbox.upload(task.test_script, script)
+        result = await sandbox.exec(
+            f"bash {script}", timeout=task.verifier_timeout_sec, env=dict(task.test_env), output_cap=OUTPUT_CAP
+        )
+        with tempfile.TemporaryDirectory(prefix="conch-verify-") as tmp:
+            logs = Path(tmp) / "verifier"
+            try:
+                await sandbox.download(LOGS_DIR, logs)
+            except Exception:  # the script may have removed the folder; treat as empty
+                logs.mkdir(parents=True, exist_ok=True)
+            output = result.stdout + ("\n" if result.stdout and result.stderr else "") + result.stderr
+            reward, reward_problem = read_reward(logs)
+            tests, n_passed, n_total, source = outcomes_from(logs, output, static_ids)
+            details = {"files": sorted(str(p.relative_to(logs)) for p in logs.rglob("*") if p.is_file())}
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # sandbox failure: report it, never a plain 0
+        return VerifyResult(
+            reward=None,
+            tests=[],
+            n_passed=0,
+            n_total=len(static_ids),
+            error=f"verifier could not run: {type(exc).__name__}: {exc}",
+            seconds=time.monotonic() - start,
+            output_tail="",
+        )
+
+    error = _diagnose(result.timed_out, result.exit_code, task, reward, reward_problem, n_total, len(static_ids))
+    if error:
+        reward = None
+        n_total = max(n_total, len(static_ids))
+    return VerifyResult(
+        reward=reward,
+        tests=tests,
+        n_passed=n_passed,
+        n_total=n_total,
+        error=error,
+        seconds=time.monotonic() - start,
+        output_tail=output[-TAIL_CHARS:],
+        source=source,
+        exit_code=result.exit_code,
+        details=details,
+    )
+
+
+def _diagnose(
+    timed_out: bool,
+    exit_code: int | None,
+    task: Task,
+    reward: float | None,
+    reward_problem: str | None,
+    n_parsed: int,
+    n_static: int,
+) -> str | None:
+    """The verifier-level error, if any (see the module docstring)."""
+    if timed_out:
+        return f"verifier timed out after {task.verifier_timeout_sec:g}s"
+    if reward_problem:
+        return reward_problem
+    if n_parsed:
+        return None
+    if reward is None:
+        if exit_code:
+            return f"verifier crashed before any test ran (exit {exit_code}); no reward file"
+        return "verifier left no reward file and no test results"
+    if reward == 0 and n_static:
+        # the usual TB2 test.sh writes 0 whenever pytest fails, including when pytest never started
+        return f"reward 0 but no test results: the verifier failed before running its {n_static} tests"
+    return None

@@ -1,0 +1,284 @@
+"""Turn what a verifier leaves behind into per-test outcomes, and count tests without running them.
+
+Why several parsers: Terminal-Bench 2.x test scripts write a CTRF report (`pytest --ctrf`), other suites write
+JUnit XML, Terminal-Bench 1 only leaves pytest's console output (`-rA` short summary), and a crashed or
+truncated run may leave nothing but the final "N passed, M failed" line. We take the richest source present,
+in that order, so a partial solution shows as e.g. 3/5 instead of a bare 0.
+
+Why a static count: when the verifier crashes before pytest runs (missing interpreter, broken test.sh) no
+report exists, yet the score must read 0/N rather than 0/0 so a crash never looks like an empty, vacuously
+passed task. `static_test_ids` reads the test files with `ast` (never imports them).
+
+Status vocabulary is fixed: passed, failed, skipped, error. Each parametrized case is one test.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+STATUSES = ("passed", "failed", "skipped", "error")
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """One test (one parametrized case) and how it ended."""
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    name: str
+    status: str
+
+
+# ---------------------------------------------------------------- CTRF
+
+_CTRF_STATUS = {"passed": "passed", "failed": "failed", "skipped": "skipped", "pending": "skipped", "other": "error"}
+
+
+def is_ctrf(doc: object) -> bool:
+    """True when `doc` (parsed JSON) has the CTRF shape: {"results": {"tests": [...]}}."""
+    return (
+        isinstance(doc, dict)
+        and isinstance(doc.get("results"), dict)
+        and isinstance(doc["results"].get("tests"), list)
+    )
+
+
+def parse_ctrf(doc: dict) -> list[TestOutcome]:
+    """Outcomes of a CTRF report (https://ctrf.io). Unknown statuses count as errors."""
+    out = []
+    for i, test in enumerate(doc["results"]["tests"]):
+        if not isinstance(test, dict):
+            continue
+        name = str(test.get("name") or f"test_{i}")
+        status = _CTRF_STATUS.get(str(test.get("status", "")).lower(), "error")
+        out.append(TestOutcome(name, status))
+    return out
+
+
+def find_ctrf(folder: Path) -> list[TestOutcome] | None:
+    """Outcomes from the first CTRF-shaped *.json below `folder` (sorted by path), or None if there is none."""
+    if not folder.is_dir():
+        return None
+    for path in sorted(folder.rglob("*.json")):
+        try:
+            doc = json.loads(path.read_text(errors="replace"))
+        except (OSError, ValueError):
+            continue
+        if is_ctrf(doc):
+            return parse_ctrf(doc)
+    return None
+
+
+# ---------------------------------------------------------------- JUnit XML
+
+
+def parse_junit(text: str) -> list[TestOutcome] | None:
+    """Outcomes of a JUnit XML report (<testsuites>/<testsuite>/<testcase>), or None if it is not one."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError:
+        return None
+    if root.tag not in ("testsuites", "testsuite"):
+        return None
+    out = []
+    for case in root.iter("testcase"):
+        cls, name = case.get("classname", ""), case.get("name", "")
+        full = f"{cls}::{name}" if cls else name
+        tags = {child.tag for child in case}
+        if "error" in tags:
+            status = "error"
+        elif "failure" in tags:
+            status = "failed"
+        elif "skipped" in tags:
+            status = "skipped"
+        else:
+            status = "passed"
+        out.append(TestOutcome(full, status))
+    return out
+
+
+def find_junit(folder: Path) -> list[TestOutcome] | None:
+    """Outcomes from the first JUnit *.xml below `folder` that holds test cases, or None."""
+    if not folder.is_dir():
+        return None
+    for path in sorted(folder.rglob("*.xml")):
+        try:
+            outcomes = parse_junit(path.read_text(errors="replace"))
+        except OSError:
+            continue
+        if outcomes:
+            return outcomes
+    return None
+
+
+# ---------------------------------------------------------------- pytest console output
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# `-rA` short test summary: "PASSED tests/t.py::test_a", "FAILED t.py::test_b[1-2] - AssertionError: ..."
+_SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS)\s+(\S+?)(?:\s+-\s+.*)?$")
+# skipped tests are summarized per location: "SKIPPED [2] tests/t.py:12: reason"
+_SKIPPED_LINE = re.compile(r"^SKIPPED\s+\[(\d+)\]\s+(\S+?):")
+# `-v` progress lines: "tests/t.py::test_a PASSED   [ 20%]"
+_VERBOSE_LINE = re.compile(r"^(\S+::\S+)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+# final tally, "=== 3 passed, 1 failed, 2 warnings in 0.21s ===" (or without the "=" in -q mode)
+_FINAL_LINE = re.compile(r"^=*\s*((?:\d+ \w+|no tests ran)(?:, \d+ \w+)*) in \d+(?:\.\d+)?s\b")
+_COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
+_WORD_STATUS = {
+    "PASSED": "passed",
+    "XPASS": "passed",
+    "FAILED": "failed",
+    "ERROR": "error",
+    "SKIPPED": "skipped",
+    "XFAIL": "skipped",
+}
+
+
+@dataclass(frozen=True)
+class PytestConsole:
+    """What pytest's console output says.
+
+    `tests`: named outcomes from `-rA` summary or `-v` lines (collection errors are in `collection_errors`,
+    keyed by file, not here). `counts`: the final line's tally by status, or None when no final line was seen.
+    """
+
+    tests: list[TestOutcome]
+    counts: dict[str, int] | None
+    collection_errors: list[str]
+
+
+def _clean(text: str) -> list[str]:
+    return [_ANSI.sub("", line).rstrip() for line in text.splitlines()]
+
+
+def parse_final_line(text: str) -> dict[str, int] | None:
+    """The tally of pytest's last "=== 3 passed, 1 failed in 0.2s ===" line, or None."""
+    counts = None
+    for line in _clean(text):
+        m = _FINAL_LINE.match(line)
+        if not m:
+            continue
+        counts = dict.fromkeys(STATUSES, 0)
+        for n, word in _COUNT.findall(m.group(1)):
+            status = {"errors": "error", "xfailed": "skipped", "xpassed": "passed"}.get(word, word)
+            counts[status] += int(n)
+    return counts
+
+
+def parse_pytest_console(text: str) -> PytestConsole:
+    """Named outcomes and the final tally from pytest output. Later lines win for a repeated name."""
+    named: dict[str, str] = {}
+    skipped_anon: list[TestOutcome] = []
+    collection_errors: list[str] = []
+    verbose: dict[str, str] = {}
+    for line in _clean(text):
+        m = _SUMMARY_LINE.match(line)
+        if m:
+            word, node = m.groups()
+            if word == "ERROR" and "::" not in node:
+                collection_errors.append(node)  # "ERROR tests/t.py - ImportError": the module failed to import
+            else:
+                named[node] = _WORD_STATUS[word]
+            continue
+        m = _SKIPPED_LINE.match(line)
+        if m:
+            n, where = int(m.group(1)), m.group(2)
+            skipped_anon.extend(TestOutcome(f"{where}::skipped[{len(skipped_anon) + k}]", "skipped") for k in range(n))
+            continue
+        m = _VERBOSE_LINE.match(line)
+        if m:
+            verbose[m.group(1)] = _WORD_STATUS[m.group(2)]
+    if named or skipped_anon:
+        tests = [TestOutcome(k, v) for k, v in named.items()] + skipped_anon
+    else:
+        tests = [TestOutcome(k, v) for k, v in verbose.items()]
+    return PytestConsole(tests=tests, counts=parse_final_line(text), collection_errors=collection_errors)
+
+
+# ---------------------------------------------------------------- static count
+
+
+def _literal_len(node: ast.expr, names: dict[str, ast.expr]) -> int | None:
+    if isinstance(node, ast.Name) and node.id in names:  # CASES = [...] at module level
+        node = names[node.id]
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return len(node.elts)
+    if isinstance(node, ast.Dict):
+        return len(node.keys)
+    return None
+
+
+def _parametrize_cases(decorators: list[ast.expr], names: dict[str, ast.expr]) -> int:
+    """Product of the case counts of `@pytest.mark.parametrize(...)` decorators (1 when not literal)."""
+    total = 1
+    for dec in decorators:
+        if not isinstance(dec, ast.Call):
+            continue
+        func = dec.func
+        if not (isinstance(func, ast.Attribute) and func.attr == "parametrize"):
+            continue
+        values = dec.args[1] if len(dec.args) >= 2 else None
+        for kw in dec.keywords:
+            if kw.arg == "argvalues":
+                values = kw.value
+        n = _literal_len(values, names) if values is not None else None
+        if n is not None:
+            total *= n
+    return total
+
+
+def _function_ids(
+    prefix: str, fn: ast.FunctionDef | ast.AsyncFunctionDef, extra: int, names: dict[str, ast.expr]
+) -> list[str]:
+    n = _parametrize_cases(fn.decorator_list, names) * extra
+    base = f"{prefix}::{fn.name}"
+    return [base] if n == 1 else [f"{base}[{i}]" for i in range(n)]
+
+
+def static_test_ids_in_source(source: str, filename: str = "test.py") -> list[str]:
+    """Test ids pytest would collect from one file by default rules (parametrized cases numbered, not named)."""
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError:
+        return []
+    names: dict[str, ast.expr] = {}  # module-level NAME = <literal>, for parametrize(..., NAME)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            names[node.targets[0].id] = node.value
+    ids: list[str] = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+            ids.extend(_function_ids(filename, node, 1, names))
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            class_cases = _parametrize_cases(node.decorator_list, names)
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test"):
+                    ids.extend(_function_ids(f"{filename}::{node.name}", item, class_cases, names))
+    return ids
+
+
+def is_test_file(path: Path) -> bool:
+    return path.suffix == ".py" and (path.name.startswith("test_") or path.stem.endswith("_test"))
+
+
+def static_test_ids(tests_dir: Path) -> list[str]:
+    """Test ids of every `test_*.py` / `*_test.py` below `tests_dir`, ids relative to it; [] if none."""
+    if not tests_dir or not tests_dir.is_dir():
+        return []
+    ids: list[str] = []
+    for path in sorted(tests_dir.rglob("*.py")):
+        if is_test_file(path):
+            try:
+                source = path.read_text(errors="replace")
+            except OSError:
+                continue
+            ids.extend(static_test_ids_in_source(source, str(path.relative_to(tests_dir))))
+    return ids
+
+
+def static_test_count(tests_dir: Path) -> int:
+    return len(static_test_ids(tests_dir))

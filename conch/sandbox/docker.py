@@ -127,6 +127,59 @@ async def _exit_code(api: Any, exec_id: str) -> tuple[int | None, int]:
     return None, int(info.get("Pid") or 0)
 
 
+class ExecProcess:
+    """An interactive exec (bash with stdin) seen like an asyncio subprocess: `stdin` (a StreamWriter;
+    closing it closes the process's stdin), `stdout` and `stderr` (StreamReaders), `wait()`, `kill()`.
+
+    The engine multiplexes stdout and stderr on one connection; a pump task splits the frames."""
+
+    def __init__(self, api: Any, container: str, exec_id: str, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self._api, self._container, self._exec_id = api, container, exec_id
+        self.stdin = writer
+        self.stdout = asyncio.StreamReader(limit=1 << 24)
+        self.stderr = asyncio.StreamReader(limit=1 << 24)
+        self.returncode: int | None = None
+        self.pid = 0  # in the engine host's pid namespace
+        self._pump = asyncio.ensure_future(self._run_pump(reader))
+
+    @classmethod
+    async def open(cls, api: Any, container: str, argv: list[str], workdir: str | None = None,
+                   env: dict[str, str] | None = None) -> "ExecProcess":
+        created = await asyncio.to_thread(api.exec_create, container, argv, stdin=True, workdir=workdir or None,
+                                          environment=env or None)
+        reader, writer = await _hijack(api, created["Id"])
+        return cls(api, container, created["Id"], reader, writer)
+
+    async def _run_pump(self, reader: asyncio.StreamReader) -> None:
+        try:
+            await _read_frames(reader, {1: _Feeder(self.stdout), 2: _Feeder(self.stderr)})
+        finally:
+            self.stdout.feed_eof()
+            self.stderr.feed_eof()
+
+    async def wait(self) -> int | None:
+        await self._pump
+        if self.returncode is None:
+            self.returncode, self.pid = await _exit_code(self._api, self._exec_id)
+        return self.returncode
+
+    async def kill(self) -> None:
+        """Kill the process (and, through its pid, what it runs in the foreground group) and close the stream."""
+        info = await asyncio.to_thread(self._api.exec_inspect, self._exec_id)
+        if info.get("Running") and info.get("Pid"):
+            _kill_host_pid(int(info["Pid"]))
+        self.stdin.close()
+
+
+class _Feeder:
+    def __init__(self, stream: asyncio.StreamReader) -> None:
+        self._stream = stream
+
+    def feed(self, data: bytes) -> None:
+        self._stream.feed_data(data)
+
+
 def _kill_host_pid(pid: int) -> None:
     """Best effort: kill an exec's process when the engine runs on this host (same pid namespace)."""
     if pid > 0:

@@ -473,3 +473,62 @@ def ensure_env_image(env: Environment, what: str, progress: Progress = _stderr) 
 def ensure_base_image(c: Any, progress: Progress = _stderr) -> str:
     """The offline base image reference, imported from the shared Debian base root when missing."""
     raise SandboxError("base image import not wired yet")
+
+
+# ----------------------------------------------------------------------------------------------- gc
+
+
+@dataclass
+class GcReport:
+    containers: list[str] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)
+    kept_running: int = 0  # containers of live conch processes, left alone
+
+
+def _owner_alive(owner: str) -> bool:
+    import socket
+
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True  # another machine's run (shared engine): not ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def gc(everything: bool = False, images: bool = False) -> GcReport:
+    """Remove sandbox containers whose conch process is gone (all of them with `everything`), and with
+    `images` the cached task environment images no container uses. The base image is always kept."""
+    import docker.errors
+
+    report = GcReport()
+    c = client()
+    try:
+        for ct in c.api.containers(all=True, filters={"label": f"{LABEL_KIND}=sandbox"}):
+            owner = (ct.get("Labels") or {}).get(LABEL_OWNER, "")
+            if not everything and _owner_alive(owner):
+                report.kept_running += 1
+                continue
+            try:
+                c.api.remove_container(ct["Id"], force=True)
+                report.containers.append((ct.get("Names") or [ct["Id"][:12]])[0].lstrip("/"))
+            except docker.errors.NotFound:
+                pass
+        if images:
+            used = {ct["ImageID"] for ct in c.api.containers(all=True)}
+            for img in c.api.images(filters={"label": f"{LABEL_KIND}=env"}):
+                if img["Id"] in used:
+                    continue
+                for tag in img.get("RepoTags") or [img["Id"]]:
+                    try:
+                        c.api.remove_image(tag, noprune=False)
+                        report.images.append(tag)
+                    except docker.errors.APIError:
+                        pass  # used by a newer container, or a child image: keep
+    finally:
+        c.close()
+    return report

@@ -1,0 +1,249 @@
+"""One root config for `conch train`: typed sections, every field documented, TOML plus dotted overrides.
+
+Why dataclasses and not dicts: a typo in a key or a string where a number belongs fails at load time with the
+file and the field named, not twenty minutes into a run. `conch config show` prints the resolved config with each
+field's documentation, so the config is its own reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad config file, key or value; the message names where."""
+
+
+def opt(default: Any, doc: str) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass
+class CorpusConfig:
+    train_tasks: str = opt("", "folder of training tasks; empty: synthesize the train split into RUNDIR/corpus")
+    eval_tasks: str = opt("", "folder of evaluation tasks; empty: synthesize new seeds of the training families")
+    n_train: int = opt(48, "synthesized training tasks")
+    n_eval: int = opt(48, "synthesized evaluation tasks (train families, seeds never trained on)")
+    n_heldout: int = opt(12, "synthesized tasks of the heldout families (transfer to unseen kinds of task)")
+    families: list = opt([], "train families to synthesize (empty: all of the train split)")
+    seed: int = opt(1, "synthesis seed of the training tasks (eval uses disjoint seeds)")
+
+
+@dataclass
+class ModelConfig:
+    path: str = opt("", "HF checkpoint folder; empty: initialise the embedded tiny Qwen3-MoE")
+    size: str = opt("tiny", "size of the initialised model when path is empty: tiny or small")
+    sampler_dtype: str = opt("float32", "engine dtype (float32 or bfloat16); bfloat16 reproduces the inference gap")
+    trainer_dtype: str = opt("float32", "trainer dtype")
+
+
+@dataclass
+class AgentLoopConfig:
+    max_turns: int = opt(16, "assistant turns per episode")
+    max_new_tokens: int = opt(96, "tokens per assistant turn")
+    max_context: int = opt(4096, "context limit in tokens")
+    obs_token_budget: int = opt(256, "observation tokens kept per command (head and tail)")
+    command_timeout: float = opt(30.0, "seconds per command")
+    temperature: float = opt(1.0, "sampling temperature for training rollouts")
+    top_p: float = opt(1.0, "nucleus sampling for training rollouts")
+    mode: str = opt("tito", "tito (exact sampled ids) or retokenize (naive loop, for comparison)")
+
+
+@dataclass
+class SFTConfig:
+    steps: int = opt(600, "maximum optimizer steps of the warm start")
+    lr: float = opt(2e-3, "learning rate")
+    batch_size: int = opt(8, "trajectories per step")
+    val_fraction: float = opt(0.1, "share of expert trajectories held out for the validation-loss curve")
+    eval_every: int = opt(25, "steps between validation-loss measurements")
+    patience: int = opt(4, "stop after this many validations without improvement (the plateau)")
+
+
+@dataclass
+class CriticConfig:
+    iterations: int = opt(3, "critic warm-up iterations (rollouts of the frozen warm policy)")
+    lr: float = opt(1e-3, "critic learning rate")
+    epochs: int = opt(4, "passes over each batch of rollouts")
+    patience: int = opt(2, "stop when explained variance has not improved this many iterations")
+
+
+@dataclass
+class PPOConfig:
+    iterations: int = opt(8, "PPO iterations")
+    tasks_per_iter: int = opt(16, "tasks sampled per iteration")
+    n_per_task: int = opt(4, "rollouts per task (K)")
+    concurrency: int = opt(16, "trajectories in flight")
+    lr: float = opt(5e-4, "actor learning rate")
+    critic_lr: float = opt(1e-3, "critic learning rate")
+    epochs: int = opt(2, "optimisation passes over each batch")
+    micro_batch: int = opt(4, "trajectories per forward/backward")
+    grad_accum: int = opt(4, "micro-batches per optimizer step")
+    max_grad_norm: float = opt(1.0, "gradient clipping")
+    gamma: float = opt(1.0, "discount per sampled token")
+    lam: float = opt(0.95, "GAE lambda")
+    clip_low: float = opt(0.2, "policy ratio clip below 1")
+    clip_high: float = opt(0.28, "policy ratio clip above 1 (asymmetric clip)")
+    dual_clip: float = opt(3.0, "dual-clip bound for negative advantages (0: off)")
+    value_clip: float = opt(0.5, "value clip around old values (0: off)")
+    kl_coef: float = opt(0.0, "KL penalty to the warm policy (0: off)")
+    entropy_coef: float = opt(0.0, "entropy bonus")
+    tis_cap: float = opt(2.0, "truncated importance-sampling cap for the train/inference gap (0: off)")
+    routing_replay: bool = opt(True, "R3: replay the sampler's expert choices in the trainer (MoE models only)")
+    eval_every: int = opt(4, "iterations between evaluations")
+    checkpoint_every: int = opt(1, "iterations between checkpoints")
+    keep_checkpoints: int = opt(2, "checkpoints kept")
+
+
+@dataclass
+class RewardConfig:
+    mode: str = opt("count", "count (passing tests), fraction, binary, or progress (turn-level deltas)")
+    verify_every: int = opt(4, "progress mode: run the verifier every k turns")
+
+
+@dataclass
+class EvalConfig:
+    n_per_task: int = opt(2, "samples per evaluation task")
+    temperature: float = opt(0.0, "evaluation sampling temperature (0: greedy)")
+
+
+@dataclass
+class RunConfig:
+    seed: int = opt(0, "global seed")
+    sandbox: str = opt("local", "sandbox backend: local or docker")
+    jobs: int = opt(2, "sandboxes at once for corpus validation")
+    tensorboard: bool = opt(False, "also log to TensorBoard (needs the tensorboard package)")
+    wandb: bool = opt(False, "also log to Weights & Biases (needs wandb)")
+    time_budget_minutes: float = opt(0.0, "stop PPO early after this many minutes (0: no limit)")
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+CHOICES = {
+    ("model", "size"): ("tiny", "small"),
+    ("model", "sampler_dtype"): ("float32", "bfloat16"),
+    ("model", "trainer_dtype"): ("float32", "bfloat16"),
+    ("agent", "mode"): ("tito", "retokenize"),
+    ("reward", "mode"): ("count", "fraction", "binary", "progress"),
+    ("run", "sandbox"): ("local", "docker"),
+}
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    origin = typing.get_origin(typ)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+        if f != int(f):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return int(f)
+    if typ is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if typ is str:
+        if not isinstance(value, (str, int, float)):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return str(value)
+    if typ is list or origin is list:
+        if isinstance(value, str):
+            return [v for v in value.split(",") if v]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return value
+    if isinstance(typ, types.UnionType):
+        return value
+    return value
+
+
+def _set(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
+    sections = {f.name: f for f in dataclasses.fields(cfg)}
+    if section not in sections:
+        raise ConfigError(f"{where}: unknown section [{section}]; sections: {', '.join(sections)}")
+    sec = getattr(cfg, section)
+    hints = typing.get_type_hints(type(sec))
+    if key not in hints:
+        raise ConfigError(f"{where}: unknown key {section}.{key}; keys of [{section}]: {', '.join(hints)}")
+    val = _coerce(value, hints[key], f"{where}: {section}.{key}")
+    allowed = CHOICES.get((section, key))
+    if allowed and val not in allowed:
+        raise ConfigError(f"{where}: {section}.{key} must be one of {', '.join(allowed)}, got {val!r}")
+    setattr(sec, key, val)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
+    """Defaults, then the TOML file, then `section.key=value` overrides, validated."""
+    cfg = Config()
+    if path:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{p}: config file not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+        for section, table in data.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"{p}: top-level key {section!r} must be a [section] table")
+            for key, value in table.items():
+                _set(cfg, section, key, value, str(p))
+    for item in overrides:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError(f"override {item!r}: expected section.key=value")
+        dotted, value = item.split("=", 1)
+        section, key = dotted.split(".", 1)
+        _set(cfg, section.strip(), key.strip(), value.strip(), "override")
+    return cfg
+
+
+def describe(cfg: Config) -> str:
+    """TOML text of the resolved config with each field's documentation as a comment."""
+    lines: list[str] = []
+    for sec_field in dataclasses.fields(cfg):
+        sec = getattr(cfg, sec_field.name)
+        lines.append(f"[{sec_field.name}]")
+        for f in dataclasses.fields(sec):
+            value = getattr(sec, f.name)
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, str):
+                text = f'"{value}"'
+            elif isinstance(value, list):
+                text = "[" + ", ".join(f'"{v}"' for v in value) + "]"
+            else:
+                text = repr(value)
+            lines.append(f"{f.name} = {text}  # {f.metadata.get('doc', '')}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,47 @@
+import pytest
+
+from conch.config import Config, ConfigError, describe, load_config
+
+
+def test_defaults_file_and_overrides(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[ppo]\nlr = 0.01\nrouting_replay = false\n[reward]\nmode = "binary"\n')
+    cfg = load_config(f, ["ppo.iterations=3", "corpus.families=a,b", "reward.mode=fraction"])
+    assert cfg.ppo.lr == 0.01 and cfg.ppo.routing_replay is False
+    assert cfg.ppo.iterations == 3 and cfg.corpus.families == ["a", "b"]
+    assert cfg.reward.mode == "fraction"  # overrides win over the file
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("[nope]\nx = 1\n", "unknown section [nope]"),
+        ("[ppo]\nlrr = 1\n", "unknown key ppo.lrr"),
+        ("[ppo]\niterations = 'many'\n", "ppo.iterations: expected an integer"),
+        ("[ppo]\niterations = 1.5\n", "expected an integer"),
+        ("[reward]\nmode = 'dense'\n", "reward.mode must be one of"),
+        ("[ppo\n", "invalid TOML"),
+    ],
+)
+def test_bad_files_name_the_file_and_field(tmp_path, text, fragment):
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace(".", r"\.")) as ei:
+        load_config(f)
+    assert str(f) in str(ei.value)
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(None, ["iterations=3"])
+
+
+def test_describe_round_trips_through_toml(tmp_path):
+    cfg = load_config(None, ["ppo.lr=0.123", "corpus.families=x"])
+    text = describe(cfg)
+    assert "# PPO iterations" in text.replace("iterations = 8  # PPO iterations", "# PPO iterations")
+    f = tmp_path / "round.toml"
+    f.write_text(text)
+    again = load_config(f)
+    assert again.to_dict() == cfg.to_dict()
+    assert Config().to_dict() != cfg.to_dict()

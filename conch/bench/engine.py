@@ -1,0 +1,111 @@
+"""`conch bench engine`: decode tokens/s against batch size, and the cost of MoE routing capture.
+
+Why these two numbers: rollouts are many concurrent sessions, so throughput must grow with batch size
+(continuous batching works), and R3 needs routing captured on every token, so capture must be nearly free
+(target: at most 3% fewer tokens/s). Runs on the tiny model (created under CONCH_HOME on first use) unless
+`--model DIR` names another checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="HF checkpoint folder (default: conch's tiny model, cached)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--device", default="cpu")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common(parser)
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="comma-separated batch sizes")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens sampled per session")
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--capture-batch", type=int, default=8, help="batch size for the capture-overhead test")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating repeats of the capture on/off runs")
+
+
+def resolve_model(arg: str | None) -> str:
+    from conch.model.init import cached_model
+
+    if arg:
+        return arg
+    print("using conch's tiny model (created under CONCH_HOME on first use)", file=sys.stderr)
+    return str(cached_model("tiny", seed=0))
+
+
+def random_ids(n: int, vocab: int, seed: int, low: int = 16) -> list[int]:
+    import random
+
+    r = random.Random(seed)
+    return [r.randrange(low, vocab) for _ in range(n)]
+
+
+async def timed_batch(engine, batch: int, prompt_tokens: int, new_tokens: int, vocab: int, seed: int) -> float:
+    """Seconds for `batch` concurrent sessions to prefill and sample `new_tokens` each (no stops)."""
+    import asyncio
+    import time
+
+    from conch.engine.base import SamplingParams
+
+    sids = [await engine.open_session(random_ids(prompt_tokens, vocab, seed + i)) for i in range(batch)]
+    params = [SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=seed + i) for i in range(batch)]
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(engine.generate(s, [], p) for s, p in zip(sids, params)))
+    seconds = time.perf_counter() - t0
+    assert all(len(r.token_ids) == new_tokens for r in results)
+    for s in sids:
+        await engine.close_session(s)
+    return seconds
+
+
+async def _bench(args: argparse.Namespace) -> dict:
+    from conch.engine.hf import HFEngine
+
+    model = resolve_model(args.model)
+    sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+    eng_on = HFEngine(model, dtype=args.dtype, device=args.device, capture_routing=True, max_batch=max(sizes))
+    vocab = eng_on.model.config.vocab_size
+    await timed_batch(eng_on, 4, args.prompt_tokens, 8, vocab, seed=999)  # warm-up
+    rows = []
+    for b in sizes:
+        sec = await timed_batch(eng_on, b, args.prompt_tokens, args.new_tokens, vocab, seed=1000 * b)
+        rows.append({"batch": b, "seconds": round(sec, 4), "tokens_per_s": round(b * args.new_tokens / sec, 1)})
+        print(f"batch {b:>3}: {rows[-1]['tokens_per_s']:>9.1f} tokens/s", file=sys.stderr)
+    eng_off = HFEngine(model, dtype=args.dtype, device=args.device, capture_routing=False,
+                       max_batch=max(sizes))
+    await timed_batch(eng_off, 4, args.prompt_tokens, 8, vocab, seed=999)
+    on, off = [], []
+    b = args.capture_batch
+    for rep in range(args.repeats):  # alternate so drift in machine load hits both sides alike
+        for eng, acc in ((eng_on, on), (eng_off, off)) if rep % 2 == 0 else ((eng_off, off), (eng_on, on)):
+            acc.append(await timed_batch(eng, b, args.prompt_tokens, args.new_tokens, vocab, seed=7 + rep))
+    await eng_on.aclose()
+    await eng_off.aclose()
+    tps_on, tps_off = b * args.new_tokens / min(on), b * args.new_tokens / min(off)
+    capture = {"batch": b, "tokens_per_s_capture": round(tps_on, 1), "tokens_per_s_no_capture": round(tps_off, 1),
+               "overhead": round((tps_off - tps_on) / tps_off, 4), "repeats": args.repeats}
+    print(f"capture overhead at batch {b}: {capture['overhead'] * 100:.2f}%", file=sys.stderr)
+    return {"model": model, "dtype": args.dtype, "device": args.device, "prompt_tokens": args.prompt_tokens,
+            "new_tokens": args.new_tokens, "num_experts": eng_on.num_experts, "moe_layers": eng_on.num_moe_layers,
+            "decode": rows, "capture": capture}
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    result = asyncio.run(_bench(args))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"model {result['model']} ({result['dtype']}, {result['device']})")
+        print(f"{'batch':>6} {'tokens/s':>10}")
+        for row in result["decode"]:
+            print(f"{row['batch']:>6} {row['tokens_per_s']:>10.1f}")
+        c = result["capture"]
+        print(f"routing capture at batch {c['batch']}: {c['tokens_per_s_capture']:.1f} tokens/s with, "
+              f"{c['tokens_per_s_no_capture']:.1f} without; overhead {c['overhead'] * 100:.2f}% (target <= 3%)")
+    return 0

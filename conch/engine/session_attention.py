@@ -1,0 +1,121 @@
+"""Per-session KV buffers and a packed ("varlen") attention function plugged into HF models.
+
+Why: the engine runs many sessions of different lengths in one forward pass. Instead of padding them into a
+rectangular batch (which copies every cache every step and wastes compute on padding), all new tokens of a
+step are packed into one row `[1, N]` with their own position ids; the MoE and MLP layers are per-token anyway,
+and this attention function gives each session's queries exactly its own keys. Each session's cache is a
+growable buffer (capacity doubles), so appending a token is amortised O(1) and a 300-turn conversation costs
+each turn only its new tokens.
+
+It is registered in transformers' AttentionInterface as "conch_sessions". Because it is not registered as a
+mask function, HF skips building any attention mask; masks are built here, once per step, only for segments
+that need them (chunked prefill behind an existing cache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+ATTN_NAME = "conch_sessions"
+
+
+class SessionKV:
+    """K/V of one session for all layers: [layers, kv_heads, capacity, head_dim] each; `length` tokens valid."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 capacity: int = 128) -> None:
+        self.shape = (layers, kv_heads, head_dim)
+        self.dtype, self.device = dtype, device
+        self.length = 0
+        self.k = torch.empty(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.v = torch.empty_like(self.k)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, extra: int) -> None:
+        need = self.length + extra
+        if need <= self.capacity:
+            return
+        cap = self.capacity
+        while cap < need:
+            cap *= 2
+        k = torch.empty(self.k.shape[0], self.k.shape[1], cap, self.k.shape[3], dtype=self.dtype, device=self.device)
+        v = torch.empty_like(k)
+        k[:, :, : self.length] = self.k[:, :, : self.length]
+        v[:, :, : self.length] = self.v[:, :, : self.length]
+        self.k, self.v = k, v
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+
+@dataclass
+class Segment:
+    """One session's new tokens inside a packed step: rows [row0, row0+n) of the packed batch."""
+
+    kv: SessionKV
+    start: int  # cache position of the first new token (= kv.length before the step)
+    row0: int
+    n: int
+    _mask: torch.Tensor | None = field(default=None, repr=False)
+
+    def mask(self, window: int | None) -> torch.Tensor | None:
+        """Bool [n, start+n] (True = attend), or None when plain causal / single-token attention suffices."""
+        if self.n == 1 and not window:
+            return None
+        if self._mask is None:
+            total = self.start + self.n
+            q_pos = torch.arange(self.start, total, device=self.kv.device)[:, None]
+            k_pos = torch.arange(total, device=self.kv.device)[None, :]
+            m = k_pos <= q_pos
+            if window:
+                m &= k_pos > q_pos - window
+            self._mask = m
+        return self._mask
+
+
+@dataclass
+class PackedBatch:
+    """Passed through the model's forward kwargs down to `session_attention`."""
+
+    segments: list[Segment]
+
+
+def session_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
+                      conch_batch: PackedBatch | None = None, **kwargs):
+    """query [1, H, N, D], key/value [1, Hkv, N, D] for the packed new tokens -> output [1, N, H, D]."""
+    if conch_batch is None:
+        raise RuntimeError(f"attention implementation {ATTN_NAME!r} needs the engine's packed batch; this model "
+                           "belongs to an HFEngine (use a separate model object for training)")
+    layer = module.layer_idx
+    out = torch.empty_like(query)
+    gqa = query.shape[1] != key.shape[1]
+    for seg in conch_batch.segments:
+        kv, s, r, n = seg.kv, seg.start, seg.row0, seg.n
+        kv.k[layer, :, s : s + n] = key[0, :, r : r + n]
+        kv.v[layer, :, s : s + n] = value[0, :, r : r + n]
+        lo = 0
+        if sliding_window and n == 1:
+            lo = max(0, s + 1 - sliding_window)
+        k = kv.k[layer, :, lo : s + n].unsqueeze(0)
+        v = kv.v[layer, :, lo : s + n].unsqueeze(0)
+        q = query[:, :, r : r + n]
+        if n > 1 and s == 0 and not sliding_window:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa)
+        else:
+            mask = seg.mask(sliding_window) if n > 1 else None
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+        out[:, :, r : r + n] = o
+    return out.transpose(1, 2), None
+
+
+def register() -> str:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, session_attention)
+    return ATTN_NAME

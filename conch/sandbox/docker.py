@@ -26,11 +26,13 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec, ShellSession
 from conch.sandbox import docker_images as images
+from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell
 
 HOST_GRACE_S = 10.0  # host-side guard beyond a command's own timeout (the in-container `timeout` kills first)
 
@@ -56,51 +58,24 @@ def owner_label() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class _Capped:
-    """Keeps the head and tail of a byte stream within `cap` bytes, noting how much was dropped."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = max(cap, 0)
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.dropped = 0
-
-    def feed(self, data: bytes) -> None:
-        half = self.cap // 2
-        room = half - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-        if not data:
-            return
-        self.tail += data
-        excess = len(self.tail) - (self.cap - half)
-        if excess > 0:
-            del self.tail[:excess]
-            self.dropped += excess
-
-    def text(self) -> str:
-        if not self.dropped:
-            return (bytes(self.head) + bytes(self.tail)).decode("utf-8", "replace")
-        marker = f"\n[... {self.dropped} bytes of output truncated ...]\n"
-        return bytes(self.head).decode("utf-8", "replace") + marker + bytes(self.tail).decode("utf-8", "replace")
-
-
-async def _read_frames(reader: asyncio.StreamReader, sinks: dict[int, Any]) -> None:
-    """Demultiplex the engine's stdout(1)/stderr(2) frames from `reader` into `sinks[n].feed(bytes)`."""
+async def _read_frames(reader: asyncio.StreamReader, sinks: dict[int, Any], feed: str = "feed") -> None:
+    """Demultiplex the engine's stdout(1)/stderr(2) frames from `reader` into `getattr(sinks[n], feed)`."""
+    calls = {n: getattr(sink, feed) for n, sink in sinks.items()}
     while True:
         try:
             header = await reader.readexactly(8)
-        except asyncio.IncompleteReadError:
+        except (asyncio.IncompleteReadError, ConnectionError):
             return
         size = struct.unpack(">I", header[4:])[0]
         try:
             payload = await reader.readexactly(size)
         except asyncio.IncompleteReadError as exc:
             payload = exc.partial
-        sink = sinks.get(header[0])
-        if sink is not None:
-            sink.feed(payload)
+        except ConnectionError:
+            return
+        call = calls.get(header[0])
+        if call is not None and payload:
+            call(payload)
         if len(payload) < size:
             return
 
@@ -116,22 +91,56 @@ async def _hijack(api: Any, exec_id: str) -> tuple[asyncio.StreamReader, asyncio
     return await asyncio.open_connection(sock=raw, limit=1 << 20)
 
 
-async def _exit_code(api: Any, exec_id: str) -> tuple[int | None, int]:
+async def _exit_code(api: Any, exec_id: str, tries: int = 100) -> tuple[int | None, int]:
     """(exit code, host pid) of a finished exec; the engine may report it a moment after the stream ends."""
     info: dict[str, Any] = {}
-    for _ in range(100):
+    for i in range(tries):
         info = await asyncio.to_thread(api.exec_inspect, exec_id)
         if not info.get("Running"):
             return info.get("ExitCode"), int(info.get("Pid") or 0)
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.002 if i < 5 else 0.02)
     return None, int(info.get("Pid") or 0)
 
 
-class ExecProcess:
-    """An interactive exec (bash with stdin) seen like an asyncio subprocess: `stdin` (a StreamWriter;
-    closing it closes the process's stdin), `stdout` and `stderr` (StreamReaders), `wait()`, `kill()`.
+@dataclass
+class _Finished:
+    stdout: CappedBuffer
+    stderr: CappedBuffer
+    exit_code: int | None
+    guard_hit: bool  # the host-side guard fired: the stream did not end in time
 
-    The engine multiplexes stdout and stderr on one connection; a pump task splits the frames."""
+
+async def _run_once(api: Any, container: str, argv: list[str], timeout: float, cwd: str | None = None,
+                    env: dict[str, str] | None = None, output_cap: int = DEFAULT_OUTPUT_CAP) -> _Finished:
+    """Create, start and read one exec (no stdin) to its end, or until `timeout` (host side) has passed."""
+    try:
+        created = await asyncio.to_thread(api.exec_create, container, argv, environment=env or None,
+                                          workdir=cwd or None)
+    except Exception as exc:  # noqa: BLE001 - the engine's reason is in the message
+        raise SandboxError(f"cannot run a command in container {container}: {exc}") from exc
+    out, err = CappedBuffer(output_cap), CappedBuffer(output_cap)
+    reader, writer = await _hijack(api, created["Id"])
+    guard_hit = False
+    try:
+        writer.write_eof()  # no stdin
+        await asyncio.wait_for(_read_frames(reader, {1: out, 2: err}), timeout)
+    except asyncio.TimeoutError:
+        guard_hit = True
+    finally:
+        writer.close()
+    code, pid = await _exit_code(api, created["Id"], tries=3 if guard_hit else 100)
+    if guard_hit and code is None:
+        _kill_host_pid(pid)
+    return _Finished(out, err, code, guard_hit)
+
+
+class DockerShellTransport:
+    """A `ShellTransport` (conch/sandbox/shell.py) over one interactive exec of bash: `stdin` is the hijacked
+    API connection (closing it closes bash's stdin), `stdout`/`stderr` are fed by a pump that splits the
+    engine's frames, and `control` runs a short script beside the session as a one-shot exec.
+
+    bash runs under `setsid -w`: plain `setsid` forks when started as a group leader (an exec is), the exec's
+    own process then exits, and the engine closes the streams two seconds later with bash still running."""
 
     def __init__(self, api: Any, container: str, exec_id: str, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter) -> None:
@@ -139,13 +148,13 @@ class ExecProcess:
         self.stdin = writer
         self.stdout = asyncio.StreamReader(limit=1 << 24)
         self.stderr = asyncio.StreamReader(limit=1 << 24)
-        self.returncode: int | None = None
-        self.pid = 0  # in the engine host's pid namespace
+        self.box_pid: int | None = None  # bash's pid inside the container, set once the session answered
         self._pump = asyncio.ensure_future(self._run_pump(reader))
 
     @classmethod
-    async def open(cls, api: Any, container: str, argv: list[str], workdir: str | None = None,
-                   env: dict[str, str] | None = None) -> "ExecProcess":
+    async def open(cls, api: Any, container: str, workdir: str | None = None,
+                   env: dict[str, str] | None = None) -> "DockerShellTransport":
+        argv = [SHELL_ARGV[0], "-w", *SHELL_ARGV[1:]]
         created = await asyncio.to_thread(api.exec_create, container, argv, stdin=True, workdir=workdir or None,
                                           environment=env or None)
         reader, writer = await _hijack(api, created["Id"])
@@ -153,31 +162,28 @@ class ExecProcess:
 
     async def _run_pump(self, reader: asyncio.StreamReader) -> None:
         try:
-            await _read_frames(reader, {1: _Feeder(self.stdout), 2: _Feeder(self.stderr)})
+            await _read_frames(reader, {1: self.stdout, 2: self.stderr}, feed="feed_data")
         finally:
             self.stdout.feed_eof()
             self.stderr.feed_eof()
 
-    async def wait(self) -> int | None:
-        await self._pump
-        if self.returncode is None:
-            self.returncode, self.pid = await _exit_code(self._api, self._exec_id)
-        return self.returncode
+    async def control(self, script: str) -> None:
+        await _run_once(self._api, self._container, ["bash", "-c", script], timeout=10.0)
 
-    async def kill(self) -> None:
-        """Kill the process (and, through its pid, what it runs in the foreground group) and close the stream."""
-        info = await asyncio.to_thread(self._api.exec_inspect, self._exec_id)
-        if info.get("Running") and info.get("Pid"):
-            _kill_host_pid(int(info["Pid"]))
-        self.stdin.close()
-
-
-class _Feeder:
-    def __init__(self, stream: asyncio.StreamReader) -> None:
-        self._stream = stream
-
-    def feed(self, data: bytes) -> None:
-        self._stream.feed_data(data)
+    async def terminate(self) -> int | None:
+        if not self._pump.done():
+            if self.box_pid:
+                try:  # bash leads its own process group; its foreground and background jobs are in it
+                    await self.control(f"kill -KILL -- -{self.box_pid} {self.box_pid} 2>/dev/null")
+                except Exception:  # noqa: BLE001 - the container may be gone already
+                    pass
+            self.stdin.close()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._pump), 5.0)
+            except asyncio.TimeoutError:
+                self._pump.cancel()
+        code, _pid = await _exit_code(self._api, self._exec_id, tries=10)
+        return code
 
 
 def _kill_host_pid(pid: int) -> None:
@@ -289,33 +295,28 @@ class DockerSandbox:
     ) -> ExecResult:
         api, container = self._require()
         t0 = time.monotonic()
+        # `timeout` kills the command's whole process group inside the box; the host guard is a backstop.
         argv = ["timeout", "-s", "KILL", f"{max(timeout, 0.001):.3f}", "bash", "-c", command]
-        try:
-            created = await asyncio.to_thread(api.exec_create, container, argv, environment=env or None,
-                                              workdir=cwd or None)
-        except Exception as exc:
-            raise SandboxError(f"sandbox {self.name}: cannot run a command: {exc}") from exc
-        exec_id = created["Id"]
-        out, err = _Capped(output_cap), _Capped(output_cap)
-        reader, writer = await _hijack(api, exec_id)
-        writer.write_eof()  # no stdin
-        guard_hit = False
-        try:
-            await asyncio.wait_for(_read_frames(reader, {1: out, 2: err}), timeout + HOST_GRACE_S)
-        except asyncio.TimeoutError:
-            guard_hit = True
-        finally:
-            writer.close()
-        code, pid = await _exit_code(api, exec_id)
-        if guard_hit and code is None:
-            _kill_host_pid(pid)
+        done = await _run_once(api, container, argv, timeout + HOST_GRACE_S, cwd=cwd, env=env,
+                               output_cap=output_cap)
         seconds = time.monotonic() - t0
-        timed_out = guard_hit or (code == 137 and seconds >= timeout)
-        return ExecResult(stdout=out.text(), stderr=err.text(), exit_code=None if timed_out else code,
-                          timed_out=timed_out, truncated=bool(out.dropped or err.dropped), seconds=seconds)
+        timed_out = done.guard_hit or (done.exit_code == 137 and seconds >= timeout)
+        return ExecResult(
+            stdout=done.stdout.render().decode("utf-8", "replace"),
+            stderr=done.stderr.render().decode("utf-8", "replace"),
+            exit_code=None if timed_out else done.exit_code,
+            timed_out=timed_out,
+            truncated=done.stdout.truncated or done.stderr.truncated,
+            seconds=seconds,
+        )
 
     async def shell(self, cwd: str | None = None, env: dict[str, str] | None = None) -> ShellSession:
-        raise NotImplementedError  # filled in with the shared session protocol (conch/sandbox/shell.py)
+        api, container = self._require()
+        transport = await DockerShellTransport.open(api, container, workdir=cwd, env=env)
+        session = await PersistentShell.open(transport)
+        transport.box_pid = session.pid
+        self._shells.append(session)
+        return session
 
     # ------------------------------------------------------------------------------------------ files
 

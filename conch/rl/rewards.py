@@ -1,0 +1,118 @@
+"""Rewards: turn a trajectory's verifier result into rewards placed on its sampled tokens.
+
+Why here and not in the verifier: the verifier reports facts (tests passed, tests run, errors); how those facts
+become a learning signal is a training choice. Modes:
+
+- `count` (default): the absolute number of passing tests. Tasks with more tests weigh more, on purpose: every
+  test is one unit of credit.
+- `fraction`: n_passed / n_total.
+- `binary`: 1.0 if every test passed (n_total > 0 and n_passed == n_total), else 0.0.
+- `progress`: dense, in count units. The rollout measured the passing count every k turns
+  (`Trajectory.progress`, a list of (turn index, n_passed)); turn i's measurement is rewarded with the change
+  since the previous measurement (the first one against 0) on the last sampled token of turn i, and the final
+  verifier result closes the sequence with its own change on the last sampled token of the trajectory. The
+  rewards telescope: they sum to the final n_passed, the `count` reward, so `progress` redistributes credit in
+  time without changing the episode total.
+
+Terminal modes place their single reward on the last sampled token.
+
+Exclusion is never a zero: a trajectory whose episode errored (sandbox/engine failure), whose verifier errored,
+that reported no test outcomes, or that has no sampled token, is *excluded* from the loss; `exclusion_reason`
+says why, and the scoring functions return None for it. Scoring such a trajectory 0 would punish the policy
+for infrastructure failures.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from conch.agent.trajectory import StopReason
+
+if TYPE_CHECKING:
+    from conch.agent.trajectory import Trajectory
+
+REWARD_MODES = ("count", "fraction", "binary", "progress")
+
+
+def check_mode(mode: str) -> str:
+    if mode not in REWARD_MODES:
+        raise ValueError(f"unknown reward mode {mode!r}; choose one of {', '.join(REWARD_MODES)}")
+    return mode
+
+
+def exclusion_reason(traj: "Trajectory") -> str | None:
+    """Why `traj` must be left out of the loss, or None when it can be scored."""
+    if traj.error or traj.stop_reason == StopReason.ERROR:
+        return f"episode error: {traj.error or 'stop reason error'}"
+    if traj.verifier_error:
+        return f"verifier error: {traj.verifier_error}"
+    if traj.n_total <= 0:
+        return "verifier reported no test outcomes (n_total = 0)"
+    if not any(traj.mask):
+        return "no sampled tokens"
+    if len(traj.mask) != len(traj.tokens):
+        return f"mask has {len(traj.mask)} entries for {len(traj.tokens)} tokens"
+    return None
+
+
+def scalar_reward(traj: "Trajectory", mode: str = "count") -> float | None:
+    """The episode's total reward in `mode` (for `progress`: the sum of its placements, i.e. n_passed);
+    None when the trajectory is excluded."""
+    check_mode(mode)
+    if exclusion_reason(traj) is not None:
+        return None
+    if mode == "fraction":
+        return traj.n_passed / traj.n_total
+    if mode == "binary":
+        return 1.0 if traj.n_passed == traj.n_total else 0.0
+    return float(traj.n_passed)  # count, and progress's telescoped total
+
+
+def last_sampled_index(mask: list[int], before: int | None = None) -> int | None:
+    """Index of the last mask-1 token strictly before `before` (default: the end), or None."""
+    end = len(mask) if before is None else min(before, len(mask))
+    for i in range(end - 1, -1, -1):
+        if mask[i]:
+            return i
+    return None
+
+
+def reward_placements(traj: "Trajectory", mode: str = "count") -> list[tuple[int, float]] | None:
+    """[(token index, reward)] in increasing token order, indices unique, every index a sampled token;
+    None when the trajectory is excluded."""
+    check_mode(mode)
+    if exclusion_reason(traj) is not None:
+        return None
+    last = last_sampled_index(traj.mask)
+    assert last is not None  # exclusion_reason guarantees a sampled token
+    if mode != "progress":
+        value = scalar_reward(traj, mode)
+        assert value is not None
+        return [(last, value)]
+    placed: dict[int, float] = {}
+    prev = 0
+    for turn_idx, n_passed in sorted(traj.progress, key=lambda p: p[0]):
+        if not 0 <= turn_idx < len(traj.turns):
+            raise ValueError(f"trajectory {traj.task}#{traj.sample}: progress entry for turn {turn_idx} but the "
+                             f"trajectory has {len(traj.turns)} turns")
+        idx = last_sampled_index(traj.mask, traj.turns[turn_idx].end)
+        if idx is None:  # a turn with no sampled token before it cannot happen in a real episode; be safe
+            idx = last
+        placed[idx] = placed.get(idx, 0.0) + float(n_passed - prev)
+        prev = n_passed
+    placed[last] = placed.get(last, 0.0) + float(traj.n_passed - prev)
+    return sorted(placed.items())
+
+
+def token_rewards(traj: "Trajectory", mode: str = "count", device: torch.device | str | None = None,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+    """Per-token rewards [len(traj.tokens)] (zero except at the placements); None when excluded."""
+    placements = reward_placements(traj, mode)
+    if placements is None:
+        return None
+    out = torch.zeros(len(traj.tokens), dtype=dtype)
+    for idx, value in placements:
+        out[idx] += value
+    return out if device is None else out.to(device)

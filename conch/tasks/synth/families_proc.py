@@ -1,0 +1,307 @@
+"""Process and service families: get a misconfigured long-running program up, and keep it running.
+
+The tests run after the agent has finished, so they prove the service is still alive by talking to it: the
+worker must pick up a job the test drops into its queue, the HTTP server must answer on its port. Both
+programs ship with the task and refuse to start until the agent fixes their configuration, whose error
+message is the clue.
+"""
+
+from __future__ import annotations
+
+import random
+
+from conch.tasks.synth.base import (
+    HELDOUT,
+    TRAIN,
+    TaskDraft,
+    compose,
+    family,
+    heredoc,
+    literal,
+    pick,
+    q,
+    say,
+    sed_replace,
+    words,
+)
+
+_WORKER = '''#!/usr/bin/env python3
+"""NAME worker: turns job files in a queue directory into result files, and writes a heartbeat."""
+import os
+import sys
+import time
+
+REQUIRED = ("name", "queue_dir", "done_dir", "heartbeat", "pidfile", "interval")
+
+
+def load_config(path):
+    cfg = {}
+    for raw in open(path):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            sys.exit(f"config error: line without '=': {line!r}")
+        cfg[key.strip()] = value.strip()
+    for key in REQUIRED:
+        if key not in cfg:
+            sys.exit(f"config error: missing key {key!r}")
+    try:
+        cfg["interval"] = float(cfg["interval"])
+    except ValueError:
+        sys.exit(f"config error: interval must be a number of seconds, got {cfg['interval']!r}")
+    if not os.path.isdir(cfg["queue_dir"]):
+        sys.exit(f"config error: queue_dir {cfg['queue_dir']} is not a directory")
+    return cfg
+
+
+def run_job(path):
+    out = []
+    for line in open(path):
+        parts = line.split()
+        if parts:
+            op, a, b = parts[0], int(parts[1]), int(parts[2])
+            out.append(str({"add": a + b, "sub": a - b, "mul": a * b, "max": max(a, b)}[op]))
+    return "\\n".join(out) + "\\n"
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: worker.py CONFIG")
+    cfg = load_config(sys.argv[1])
+    os.makedirs(cfg["done_dir"], exist_ok=True)
+    os.makedirs(os.path.dirname(cfg["pidfile"]) or ".", exist_ok=True)
+    with open(cfg["pidfile"], "w") as f:
+        f.write(f"{os.getpid()}\\n")
+    print(f"started name={cfg['name']} pid={os.getpid()}", flush=True)
+    beat = 0
+    while True:
+        for job in sorted(os.listdir(cfg["queue_dir"])):
+            src = os.path.join(cfg["queue_dir"], job)
+            if not job.endswith(".job") or not os.path.isfile(src):
+                continue
+            result = run_job(src)
+            with open(os.path.join(cfg["done_dir"], job[:-4] + ".result"), "w") as f:
+                f.write(result)
+            os.remove(src)
+            print(f"done {job}", flush=True)
+        beat += 1
+        with open(cfg["heartbeat"], "w") as f:
+            f.write(f"{cfg['name']} {beat} {time.time():.3f}\\n")
+        time.sleep(cfg["interval"])
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def _job(rng: random.Random) -> tuple[str, str]:
+    rows, res = [], []
+    for _ in range(rng.randint(1, 5)):
+        op, a, b = pick(rng, ["add", "sub", "mul", "max"]), rng.randint(-99, 999), rng.randint(-99, 999)
+        rows.append(f"{op} {a} {b}")
+        res.append(str({"add": a + b, "sub": a - b, "mul": a * b, "max": max(a, b)}[op]))
+    return "\n".join(rows) + "\n", "\n".join(res) + "\n"
+
+
+@family("service-daemon", TRAIN, "processes", "fix a worker's config and leave it running in the background")
+def service_daemon(rng: random.Random) -> TaskDraft:
+    name = pick(rng, words(rng, "animal", 6))
+    svc = f"/app/{pick(rng, ['service', 'worker', 'daemon'])}"
+    conf = f"{svc}/{pick(rng, ['worker.conf', 'settings.conf', name + '.conf'])}"
+    queue = f"/app/{pick(rng, ['queue', 'jobs', 'spool'])}"
+    done = f"/app/{pick(rng, ['done', 'results', 'processed'])}"
+    run = pick(rng, ["/app/run", "/app/var/run", "/app/state"])
+    interval = pick(rng, ["0.2", "0.3", "0.5"])
+    good = {"name": name, "queue_dir": queue, "done_dir": done, "heartbeat": f"{run}/heartbeat",
+            "pidfile": f"{run}/{name}.pid", "interval": interval}
+    faults = rng.sample(["interval", "queue", "name"], rng.randint(1, 2))
+    broken = dict(good)
+    if "interval" in faults:
+        broken["interval"] = pick(rng, [f"{interval}s", "fast", f"{int(float(interval) * 1000)}ms"])
+    if "queue" in faults:
+        broken["queue_dir"] = queue + pick(rng, ["/incoming", "s", "-new"])
+    if "name" in faults:
+        del broken["name"]
+    text = f"# {name} worker configuration\n" + "".join(f"{k} = {v}\n" for k, v in broken.items())
+    jobs = {f"{pick(rng, ['job', 'task', 'batch'])}-{i:03d}.job": _job(rng) for i in range(rng.randint(2, 8))}
+    files = {f"{svc[5:]}/worker.py": _WORKER.replace("NAME", name), conf[5:]: text}
+    files.update({f"{queue[5:]}/{j}": body for j, (body, _r) in jobs.items()})
+    items = [f"The worker is `{svc}/worker.py` and takes its configuration file as its only argument: "
+             f"`python3 {svc}/worker.py {conf}`. It currently refuses to start; find out why and fix `{conf}`.",
+             f"The configuration must name the worker `{name}`, read jobs from `{queue}` and poll every {interval} "
+             "seconds (a plain number of seconds)." if "name" in faults or "interval" in faults else
+             f"Jobs live in `{queue}`; the worker must read them from there.",
+             f"Start the worker in the background so that it keeps running after you are done (it writes its pid "
+             f"to `{good['pidfile']}` and a heartbeat to `{good['heartbeat']}`). Exactly one instance should run.",
+             f"It must process every job already queued (results appear in `{done}`) and keep processing jobs "
+             "that arrive later."]
+    intro = pick(rng, [
+        f"A queue worker called `{name}` should be running on this machine, but it is not.",
+        f"{say(rng, 'task')} is to bring the `{name}` job worker back up.",
+        f"The `{name}` service processes job files; nobody has been able to start it since a config change.",
+    ])
+    prelude = (f"CONF = {conf!r}\nQUEUE = {queue!r}\nDONE = {done!r}\nHEARTBEAT = {good['heartbeat']!r}\n"
+               f"PIDFILE = {good['pidfile']!r}\nRESULTS = {literal({j[:-4]: r for j, (_b, r) in jobs.items()})}\n\n\n"
+               "def config():\n"
+               "    out = {}\n"
+               "    for ln in lines(CONF):\n"
+               "        k, sep, v = ln.partition('=')\n"
+               "        if sep and not ln.lstrip().startswith('#'):\n"
+               "            out[k.strip()] = v.strip()\n"
+               "    return out\n\n\n"
+               "def beat():\n"
+               "    return int(read(HEARTBEAT).split()[1])\n")
+    tests = [
+        "def test_queued_jobs_processed():\n"
+        "    for job, result in RESULTS.items():\n"
+        "        assert read(os.path.join(DONE, job + '.result')) == result, job\n"
+        "    assert not [j for j in os.listdir(QUEUE) if j.endswith('.job')]\n",
+        f"def test_config_fixed():\n    cfg = config()\n    assert cfg.get('name') == {name!r}\n"
+        f"    assert float(cfg['interval']) == {float(interval)!r}\n    assert cfg['queue_dir'].rstrip('/') == QUEUE\n",
+        "def test_worker_alive():\n"
+        "    first = beat()\n"
+        "    time.sleep(2.5)\n"
+        "    assert beat() > first\n",
+        "def test_pidfile_names_running_worker():\n"
+        "    pid = int(read(PIDFILE).strip())\n"
+        "    cmdline = pathlib.Path(f'/proc/{pid}/cmdline').read_bytes().replace(b'\\0', b' ').decode()\n"
+        "    assert 'worker.py' in cmdline\n",
+        "def test_new_job_is_processed():\n"
+        "    pathlib.Path(QUEUE, 'zz-probe.job').write_text('add 40 2\\nmul 6 7\\n')\n"
+        "    deadline = time.time() + 15\n"
+        "    result = pathlib.Path(DONE, 'zz-probe.result')\n"
+        "    while time.time() < deadline and not result.exists():\n"
+        "        time.sleep(0.2)\n"
+        "    time.sleep(0.3)\n"
+        "    assert result.read_text() == '42\\n42\\n'\n",
+    ]
+    sol = [f"ls -la {svc} {queue}", f"cat {conf}", f"python3 {svc}/worker.py {conf}; echo exit=$?"]
+    if "interval" in faults:
+        sol.append(sed_replace(conf, f"interval = {broken['interval']}", f"interval = {interval}"))
+    if "queue" in faults:
+        sol.append(sed_replace(conf, f"queue_dir = {broken['queue_dir']}", f"queue_dir = {queue}"))
+    if "name" in faults:
+        sol.append(f"echo 'name = {name}' >> {conf}")
+    sol += [f"cat {conf}",
+            f"setsid nohup python3 {svc}/worker.py {conf} > /tmp/{name}-worker.log 2>&1 < /dev/null &",
+            f"sleep 1; cat /tmp/{name}-worker.log; cat {good['heartbeat']}",
+            f"ls {done}; cat {good['pidfile']}"]
+    return TaskDraft(instruction=compose(rng, intro, items), tests=tests, solution=sol, files=files,
+                     test_prelude=prelude, difficulty="medium", verifier_timeout_sec=120.0,
+                     tags=("background", "daemon"))
+
+
+# ----------------------------------------------------------------------------------------------- http-service
+
+_SERVER = '''#!/usr/bin/env python3
+"""A small item server: GET /health, GET /items (JSON list), GET /items/<name> (the file's bytes)."""
+import json
+import os
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def load(path):
+    cfg = {}
+    for raw in open(path):
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            key, _, value = line.partition("=")
+            cfg[key.strip()] = value.strip()
+    for key in ("bind", "port", "data_dir", "token"):
+        if not cfg.get(key):
+            sys.exit(f"{path}: missing setting {key!r}")
+    if not os.path.isdir(cfg["data_dir"]):
+        sys.exit(f"{path}: data_dir {cfg['data_dir']!r} is not a directory")
+    return cfg
+
+
+CFG = load(sys.argv[1] if len(sys.argv) > 1 else "CONF")
+
+
+class Handler(BaseHTTPRequestHandler):
+    def reply(self, code, body, kind="text/plain"):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self.reply(200, f"ok {CFG['token']}\\n")
+        if self.path == "/items":
+            return self.reply(200, json.dumps(sorted(os.listdir(CFG["data_dir"]))), "application/json")
+        if self.path.startswith("/items/"):
+            path = os.path.join(CFG["data_dir"], os.path.basename(self.path[7:]))
+            if os.path.isfile(path):
+                return self.reply(200, open(path).read())
+        return self.reply(404, "not found\\n")
+
+    def log_message(self, fmt, *args):
+        sys.stderr.write("%s %s\\n" % (self.address_string(), fmt % args))
+
+
+if __name__ == "__main__":
+    print(f"listening on {CFG['bind']}:{CFG['port']}", flush=True)
+    ThreadingHTTPServer((CFG["bind"], int(CFG["port"])), Handler).serve_forever()
+'''
+
+
+@family("http-service", HELDOUT, "processes", "configure and start a small HTTP service on loopback")
+def http_service(rng: random.Random) -> TaskDraft:
+    app = f"/app/{pick(rng, ['server', 'web', 'itemsvc'])}"
+    conf = f"{app}/{pick(rng, ['server.conf', 'app.conf', 'service.ini'])}"
+    data = f"/app/{pick(rng, ['items', 'content', 'store'])}"
+    port = rng.randint(18000, 29999)
+    token = f"{pick(rng, words(rng, 'project', 4))}-{rng.randint(100, 999)}"
+    items = {w: f"{w} {pick(rng, words(rng, 'color', 3))} {rng.randint(1, 999)}\n" for w in words(rng, "fruit", 4)}
+    new_item, new_body = pick(rng, ["motd", "banner", "notice", "welcome"]), \
+        f"{pick(rng, ['Hello', 'Welcome', 'Greetings'])} from {token}\n"
+    wrong_port = rng.randint(30000, 39999)
+    text = (f"# item server settings\nbind = 0.0.0.0\nport = {wrong_port}\n"
+            f"data_dir = {data}{pick(rng, ['-old', '/v1', '.bak'])}\ntoken =\n")
+    files = {f"{app[5:]}/server.py": _SERVER.replace("CONF", conf), conf[5:]: text}
+    files.update({f"{data[5:]}/{k}": v for k, v in items.items()})
+    reqs = [f"The server is `{app}/server.py` (run it with `python3 {app}/server.py {conf}`); its settings are "
+            f"in `{conf}`.",
+            f"It must listen on `127.0.0.1` port {port}, serve the items in `{data}`, and use the token `{token}` "
+            f"(so `GET /health` answers `ok {token}`). Put these settings in `{conf}`.",
+            f"Add an item named `{new_item}` whose content is exactly `{new_body.strip()}` followed by a newline.",
+            "Start the server in the background so it keeps serving after you are done."]
+    intro = pick(rng, [
+        "A small HTTP item service needs to be configured and started on this machine.",
+        f"{say(rng, 'task')} is to get the item server up and serving on the loopback interface.",
+        "The team's item server is down and its config file is half-finished.",
+    ])
+    prelude = (f"BASE = 'http://127.0.0.1:{port}'\nCONF = {conf!r}\n\n\n"
+               "def get(path):\n"
+               "    import urllib.request\n"
+               "    with urllib.request.urlopen(BASE + path, timeout=10) as r:\n"
+               "        return r.read().decode()\n")
+    first = sorted(items)[0]
+    tests = [
+        f"def test_health():\n    assert get('/health') == {f'ok {token}' + chr(10)!r}\n",
+        f"def test_existing_item():\n    assert get('/items/{first}') == {items[first]!r}\n",
+        f"def test_new_item():\n    assert get('/items/{new_item}') == {new_body!r}\n",
+        f"def test_listing():\n    assert json.loads(get('/items')) == {sorted([*items, new_item])!r}\n",
+        "def test_config_persisted():\n"
+        "    cfg = dict(l.split('=', 1) for l in lines(CONF) if '=' in l and not l.startswith('#'))\n"
+        "    cfg = {k.strip(): v.strip() for k, v in cfg.items()}\n"
+        f"    assert cfg['port'] == {str(port)!r} and cfg['bind'] == '127.0.0.1'\n"
+        f"    assert cfg['data_dir'].rstrip('/') == {data!r} and cfg['token'] == {token!r}\n",
+    ]
+    sol = [f"cat {conf}", f"ls {data}", f"python3 {app}/server.py {conf}; echo exit=$?",
+           heredoc(conf, f"# item server settings\nbind = 127.0.0.1\nport = {port}\ndata_dir = {data}\n"
+                         f"token = {token}\n"),
+           f"printf '%s\\n' {q(new_body.strip())} > {data}/{new_item}",
+           f"setsid nohup python3 {app}/server.py {conf} > /tmp/server.log 2>&1 < /dev/null &",
+           f"sleep 1; python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/health')"
+           ".read().decode())\"",
+           f"python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/items').read().decode())\""]
+    return TaskDraft(instruction=compose(rng, intro, reqs), tests=tests, solution=sol, files=files,
+                     test_prelude=prelude, difficulty="medium", tags=("http", "background"))

@@ -107,13 +107,13 @@ def test_tis_weight_cap_and_scaling():
     mask = torch.ones(1, 3)
     cfg = LossConfig(tis_cap=2.0, dual_clip=None)
     loss, stats = ppo_loss(cfg, new, old, adv, mask, sampler_logp=sampler)
-    assert math.isclose(float(loss), -(0.25 + 1.0 + 2.0) / 3, rel_tol=1e-6)
+    assert math.isclose(float(loss.detach()), -(0.25 + 1.0 + 2.0) / 3, rel_tol=1e-6)
     assert math.isclose(float(stats.tis_weight_mean), (0.25 + 1 + 2) / 3, rel_tol=1e-6)
     assert math.isclose(float(stats.tis_capped_frac), 1 / 3, rel_tol=1e-6)
     loss.backward()
     assert torch.allclose(new.grad, -w / 3)  # the weight is a constant, not differentiated
     loss_off, _ = ppo_loss(LossConfig(tis_cap=None, dual_clip=None), new, old, adv, mask, sampler_logp=sampler)
-    assert math.isclose(float(loss_off), -1.0, rel_tol=1e-6)
+    assert math.isclose(float(loss_off.detach()), -1.0, rel_tol=1e-6)
 
 
 def test_value_clipping():
@@ -124,12 +124,12 @@ def test_value_clipping():
     v = torch.tensor([[2.0, 1.1, 1.5]], requires_grad=True)
     loss, frac = value_loss(v, old, ret, torch.ones(1, 3), clip=0.2)
     expected = 0.5 * ((3 - 1.2) ** 2 + (3 - 1.1) ** 2 + 1.5 ** 2) / 3
-    assert math.isclose(float(loss), expected, rel_tol=1e-6)
+    assert math.isclose(float(loss.detach()), expected, rel_tol=1e-6)
     assert math.isclose(float(frac), 1 / 3, rel_tol=1e-6)
     loss.backward()
     assert v.grad[0, 0] == 0 and v.grad[0, 1] != 0 and v.grad[0, 2] != 0
     unclipped, frac0 = value_loss(v, old, ret, torch.ones(1, 3), clip=None)
-    assert math.isclose(float(unclipped), 0.5 * (1 + 1.9 ** 2 + 1.5 ** 2) / 3, rel_tol=1e-6) and float(frac0) == 0
+    assert math.isclose(float(unclipped.detach()), 0.5 * (1 + 1.9 ** 2 + 1.5 ** 2) / 3, rel_tol=1e-6) and float(frac0) == 0
 
 
 def test_kl_estimators():

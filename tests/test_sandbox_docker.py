@@ -138,15 +138,216 @@ def test_compose_single_service_and_multi_service(tmp_path):
         di.environment_of(tmp_path, None, compose)
 
 
-def test_output_cap_keeps_head_and_tail():
-    from conch.sandbox.docker import _Capped
-
-    cap = _Capped(100)
-    for i in range(1000):
-        cap.feed(f"{i:04d}\n".encode())
-    text = cap.text()
-    assert text.startswith("0000\n0001\n") and text.endswith("0998\n0999\n")
-    assert cap.dropped == 5000 - 100 and "truncated" in text
-
-
 # --------------------------------------------------------------------------------------- with an engine
+
+
+@pytest.fixture(scope="module")
+def box(app_env):
+    """One started sandbox shared by the read-mostly tests below (a start costs ~0.2 s, a build more)."""
+    loop = asyncio.new_event_loop()
+    sb = make_sandbox("docker", spec_for(app_env, "shared", limits=Limits(cpus=0.5, memory_mb=300, pids=128)))
+    loop.run_until_complete(sb.start())
+    yield sb, loop
+    loop.run_until_complete(sb.stop())
+    loop.close()
+
+
+def test_exec_results_env_and_cwd(box):
+    sb, loop = box
+    r = loop.run_until_complete(sb.exec("pwd; cat data.txt; echo $GREETING; echo oops >&2; exit 7"))
+    assert (r.stdout, r.stderr, r.exit_code, r.timed_out) == ("/app\none two\nhello\n", "oops\n", 7, False)
+    r = loop.run_until_complete(sb.exec("pwd; echo $X", cwd="/tmp", env={"X": "42"}))
+    assert r.stdout == "/tmp\n42\n" and r.exit_code == 0
+
+
+def test_exec_timeout_kills_the_command_group(box):
+    sb, loop = box
+    r = loop.run_until_complete(sb.exec("sleep 30 & sleep 30; echo never", timeout=1))
+    assert r.timed_out and r.exit_code is None and 1 <= r.seconds < 5
+    left = loop.run_until_complete(sb.exec("ps -eo args | grep -c '^sleep 30' || true"))
+    assert left.stdout.strip() == "0"
+
+
+def test_exec_output_cap(box):
+    sb, loop = box
+    r = loop.run_until_complete(sb.exec("seq 1 100000", output_cap=1000))
+    assert r.truncated and r.stdout.startswith("1\n2\n") and r.stdout.endswith("99999\n100000\n")
+    assert len(r.stdout) < 1200
+
+
+def test_no_network_and_limits(box):
+    sb, loop = box
+    r = loop.run_until_complete(sb.exec("ls /sys/class/net"))
+    assert r.stdout.split() == ["lo"]
+    r = loop.run_until_complete(sb.exec(
+        "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 9), timeout=2)' 2>&1 | tail -1; "
+        "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), timeout=2)' 2>&1 | tail -1"))
+    assert "Connection refused" in r.stdout and "Network is unreachable" in r.stdout
+    c = di.client()
+    info = c.api.inspect_container(sb.container)
+    c.close()
+    hc = info["HostConfig"]
+    assert hc["NetworkMode"] == "none" and not info["NetworkSettings"].get("IPAddress")
+    assert (hc["NanoCpus"], hc["Memory"], hc["PidsLimit"]) == (500_000_000, 300 * 2**20, 128)
+    assert info["Config"]["Labels"][di.LABEL_KIND] == "sandbox"
+    # the build CA was given to RUN steps through build ARGs only: not in the running box's environment
+    r = loop.run_until_complete(sb.exec("env | grep -c CERT || true; test -s /usr/local/share/conch/build-ca.crt"))
+    assert r.stdout.strip() == "0" and r.exit_code == 0
+
+
+def test_persistent_shell(box):
+    sb, loop = box
+
+    async def go():
+        sh = await sb.shell(cwd="/tmp", env={"A": "1"})
+        try:
+            got = [await sh.run("pwd; echo $A")]
+            got.append(await sh.run("cd /app; V=5; f() { echo f$1; }; sleep 300 & true"))
+            got.append(await sh.run("sleep 20", timeout=1))
+            got.append(await sh.run("pwd; echo $V; f 2; jobs | wc -l"))
+            return got
+        finally:
+            await sh.close()
+
+    first, _, slow, after = loop.run_until_complete(go())
+    assert first.stdout == "/tmp\n1\n"
+    assert slow.timed_out and slow.exit_code is None and slow.seconds < 6
+    assert after.stdout == "/app\n5\nf2\n1\n" and after.exit_code == 0
+
+
+def test_upload_download_roundtrip(box, tmp_path):
+    sb, loop = box
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.txt").write_text("A")
+    (src / "sub" / "b.sh").write_text("#!/bin/sh\necho b\n")
+    (src / "sub" / "b.sh").chmod(0o755)
+    loop.run_until_complete(sb.upload(src, "/deep/new/dir"))
+    loop.run_until_complete(sb.upload(src / "a.txt", "/deep/one.txt"))
+    r = loop.run_until_complete(sb.exec("cat /deep/new/dir/a.txt /deep/one.txt; /deep/new/dir/sub/b.sh; stat -c %a /tmp"))
+    assert r.stdout == "AAb\n1777\n"  # parents were created, existing folders' modes untouched
+    loop.run_until_complete(sb.exec("mkdir -p /out/x && echo made > /out/x/f && ln -s f /out/x/l"))
+    loop.run_until_complete(sb.download("/out", tmp_path / "dl"))
+    assert (tmp_path / "dl" / "x" / "f").read_text() == "made\n" and os.readlink(tmp_path / "dl" / "x" / "l") == "f"
+    loop.run_until_complete(sb.download("/deep/one.txt", tmp_path / "one.txt"))
+    assert (tmp_path / "one.txt").read_text() == "A"
+    with pytest.raises(FileNotFoundError):
+        loop.run_until_complete(sb.download("/nope", tmp_path / "nope"))
+
+
+def test_offline_verifier_toolchain(box):
+    sb, loop = box
+    test = "def test_a():\n    assert 1\n\ndef test_b():\n    assert 0\n"
+    loop.run_until_complete(sb.exec(f"mkdir -p /t && printf '{test}' > /t/test_x.py"))
+    r = loop.run_until_complete(sb.exec("cd /t && pytest --ctrf /t/a.json test_x.py -q; python3 -c "
+                                        "'import json; print(json.load(open(\"/t/a.json\"))[\"results\"][\"summary\"][\"passed\"])'",
+                                        timeout=120))
+    assert "1 failed, 1 passed" in r.stdout and r.stdout.strip().endswith("1"), r.stdout + r.stderr
+    r = loop.run_until_complete(sb.exec("cd /t && uvx -p 3.11 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5 "
+                                        "pytest --ctrf /t/b.json test_x.py -q", timeout=120))
+    assert "1 failed, 1 passed" in r.stdout and r.exit_code == 1, r.stdout + r.stderr
+
+
+def test_image_cached_by_content_and_standin_said_once(tmp_path, engine, capfd):
+    env_dir = write_task_env(tmp_path / "e", "FROM ubuntu:24.04\nCOPY f /f\nRUN echo built-$(cat /f) > /g\n", {"f": "1"})
+    env = di.environment_of(env_dir, env_dir / "Dockerfile", None)
+    first = di.ensure_env_image(env, "cache-test")
+    err = capfd.readouterr().err
+    assert err.count("FROM ubuntu:24.04 cannot be pulled here") == 1
+    t0 = time.monotonic()
+    assert di.ensure_env_image(env, "cache-test") == first  # reused: no build
+    assert time.monotonic() - t0 < 2
+    assert "cannot be pulled" not in capfd.readouterr().err  # said once per image
+    (env_dir / "f").write_text("2")
+    second = di.ensure_env_image(env, "cache-test")
+    assert second != first
+
+    async def read_g():
+        sb = make_sandbox("docker", spec_for(env_dir, "cache-test"))
+        await sb.start()
+        try:
+            return (await sb.exec("cat /g")).stdout
+        finally:
+            await sb.stop()
+
+    assert run(read_g()) == "built-2\n"
+
+
+def test_build_failure_and_unpullable_base_are_clear_errors(tmp_path, engine):
+    bad = write_task_env(tmp_path / "bad", "FROM debian:bookworm\nRUN echo about-to-fail && exit 3\n")
+    with pytest.raises(SandboxError, match=r"building bad-build failed(.|\n)*about-to-fail"):
+        run(make_sandbox("docker", spec_for(bad, "bad-build")).start())
+    alpine = write_task_env(tmp_path / "alp", "FROM alpine:3.19\n")
+    with pytest.raises(SandboxError, match=r"FROM alpine:3.19 cannot be pulled"):
+        run(make_sandbox("docker", spec_for(alpine, "alp")).start())
+
+
+def test_multi_service_compose_is_unsupported(tmp_path, engine):
+    d = write_task_env(tmp_path / "m", "FROM debian:bookworm\n")
+    (d / "docker-compose.yaml").write_text("services:\n  client:\n    build: .\n  redis:\n    image: redis:7\n")
+    sb = make_sandbox("docker", SandboxSpec(name="m", context_dir=d, dockerfile=d / "Dockerfile",
+                                            compose_file=d / "docker-compose.yaml"))
+    with pytest.raises(SandboxError, match="multi-service compose tasks are unsupported"):
+        run(sb.start())
+    run(sb.stop())  # stop after a failed start is harmless
+
+
+_CHILD = """
+import asyncio, sys, time
+from pathlib import Path
+from conch.sandbox import SandboxSpec, make_sandbox
+async def main():
+    d = Path(sys.argv[1])
+    sb = make_sandbox("docker", SandboxSpec(name="child", context_dir=d, dockerfile=d / "Dockerfile"))
+    await sb.start()
+    try:
+        print(sb.container, flush=True)
+        await asyncio.sleep(60)
+    finally:
+        await sb.stop()
+asyncio.run(main())
+"""
+
+
+def _start_child(env_dir: Path) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(env_dir)], stdout=subprocess.PIPE, text=True,
+                            cwd=REPO)
+    name = proc.stdout.readline().strip()
+    assert name.startswith("conch-child-"), name
+    return proc, name
+
+
+def _exists(name: str) -> bool:
+    c = di.client()
+    try:
+        return bool(c.api.containers(all=True, filters={"name": name}))
+    finally:
+        c.close()
+
+
+def test_ctrl_c_removes_the_container(app_env):
+    proc, name = _start_child(app_env)
+    assert _exists(name)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+    assert not _exists(name)
+
+
+def test_gc_removes_what_a_killed_run_left(app_env):
+    proc, name = _start_child(app_env)
+    proc.kill()  # SIGKILL: no clean-up ran
+    proc.wait(timeout=30)
+    assert _exists(name)
+
+    async def live_one():
+        sb = make_sandbox("docker", spec_for(app_env, "alive"))
+        await sb.start()
+        try:
+            report = di.gc()
+            return report, sb.container, _exists(sb.container)
+        finally:
+            await sb.stop()
+
+    report, alive, alive_kept = run(live_one())
+    assert name in report.containers and alive not in report.containers and alive_kept
+    assert not _exists(name)

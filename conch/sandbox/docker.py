@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import io
 import os
 import re
@@ -26,6 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -35,6 +37,16 @@ from conch.sandbox import docker_images as images
 from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell
 
 HOST_GRACE_S = 10.0  # host-side guard beyond a command's own timeout (the in-container `timeout` kills first)
+
+# Engine calls block; they run on a pool of their own so that image builds (their own small pool) or a busy
+# default executor never delay the short calls of other sandboxes (`--jobs N`).
+_API_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="conch-docker-api")
+_BUILD_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="conch-docker-build")
+
+
+async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(_API_POOL, functools.partial(fn, *args, **kwargs))
+
 
 _live: dict[str, Any] = {}  # container name -> docker client, for the exit-time safety net
 _live_lock = threading.Lock()
@@ -82,7 +94,7 @@ async def _read_frames(reader: asyncio.StreamReader, sinks: dict[int, Any], feed
 
 async def _hijack(api: Any, exec_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Start exec `exec_id` and return the upgraded API connection as asyncio streams."""
-    sock = await asyncio.to_thread(api.exec_start, exec_id, socket=True)
+    sock = await _call(api.exec_start, exec_id, socket=True)
     raw = getattr(sock, "_sock", sock)
     if not isinstance(raw, socket.socket):
         raise SandboxError(f"the Docker engine connection ({type(raw).__name__}) cannot be streamed; "
@@ -95,7 +107,7 @@ async def _exit_code(api: Any, exec_id: str, tries: int = 100) -> tuple[int | No
     """(exit code, host pid) of a finished exec; the engine may report it a moment after the stream ends."""
     info: dict[str, Any] = {}
     for i in range(tries):
-        info = await asyncio.to_thread(api.exec_inspect, exec_id)
+        info = await _call(api.exec_inspect, exec_id)
         if not info.get("Running"):
             return info.get("ExitCode"), int(info.get("Pid") or 0)
         await asyncio.sleep(0.002 if i < 5 else 0.02)
@@ -114,7 +126,7 @@ async def _run_once(api: Any, container: str, argv: list[str], timeout: float, c
                     env: dict[str, str] | None = None, output_cap: int = DEFAULT_OUTPUT_CAP) -> _Finished:
     """Create, start and read one exec (no stdin) to its end, or until `timeout` (host side) has passed."""
     try:
-        created = await asyncio.to_thread(api.exec_create, container, argv, environment=env or None,
+        created = await _call(api.exec_create, container, argv, environment=env or None,
                                           workdir=cwd or None)
     except Exception as exc:  # noqa: BLE001 - the engine's reason is in the message
         raise SandboxError(f"cannot run a command in container {container}: {exc}") from exc
@@ -155,7 +167,7 @@ class DockerShellTransport:
     async def open(cls, api: Any, container: str, workdir: str | None = None,
                    env: dict[str, str] | None = None) -> "DockerShellTransport":
         argv = [SHELL_ARGV[0], "-w", *SHELL_ARGV[1:]]
-        created = await asyncio.to_thread(api.exec_create, container, argv, stdin=True, workdir=workdir or None,
+        created = await _call(api.exec_create, container, argv, stdin=True, workdir=workdir or None,
                                           environment=env or None)
         reader, writer = await _hijack(api, created["Id"])
         return cls(api, container, created["Id"], reader, writer)
@@ -219,16 +231,25 @@ class DockerSandbox:
             raise SandboxError(f"sandbox {self.name} already started")
         spec = self.spec
         env = images.environment_of(spec.context_dir, spec.dockerfile, spec.compose_file)
-        self._client = await asyncio.to_thread(images.client)
-        self.image = await asyncio.to_thread(images.ensure_env_image, env, spec.name)
-        self._env = {**env.env, **spec.env}
+        self._client = await _call(images.client)
+        loop = asyncio.get_running_loop()
+        self.image = await loop.run_in_executor(_BUILD_POOL, images.ensure_env_image, env, spec.name)
+        config = (await _call(self._client.api.inspect_image, self.image)).get("Config") or {}
+        image_env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
+        from_base = (config.get("Labels") or {}).get(images.LABEL_FROM_BASE) == "1"
+        self._env = {**(images.runtime_env(image_env) if from_base else {}), **env.env, **spec.env}
         self._workdir = spec.workdir or env.workdir
         self.container = f"conch-{_slug(spec.name)}-{uuid.uuid4().hex[:10]}"
         with _live_lock:
             _live[self.container] = self._client
+        creating = asyncio.ensure_future(_call(self._create_and_start))
         try:
-            await asyncio.to_thread(self._create_and_start)
+            await asyncio.shield(creating)
         except BaseException:
+            try:  # on cancellation (Ctrl-C) let the engine call finish, so that the removal below sees it
+                await creating
+            except BaseException:  # noqa: BLE001 - its error is the one being raised already
+                pass
             await self.stop()
             raise
 
@@ -259,17 +280,23 @@ class DockerSandbox:
     async def stop(self) -> None:
         shells, self._shells = self._shells, []
         for sh in shells:
-            await sh.close()
-        name = self.container
-        if name is None or self._client is None:
+            try:
+                await sh.close()
+            except Exception:  # noqa: BLE001 - the container removal below ends it anyway
+                pass
+        name, client = self.container, self._client
+        if client is None:
             return
-        await asyncio.to_thread(self._remove, name)
+        if name is not None:
+            await _call(self._remove, client, name)
+        self.container = self._client = None
+        client.close()
 
-    def _remove(self, name: str) -> None:
+    def _remove(self, client: Any, name: str) -> None:
         import docker.errors
 
         try:
-            self._client.api.remove_container(name, force=True)
+            client.api.remove_container(name, force=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
@@ -326,8 +353,8 @@ class DockerSandbox:
         if not src.exists():
             raise FileNotFoundError(f"upload source {src} does not exist")
         target = PurePosixPath(dest if dest.startswith("/") else f"{self._workdir or '/'}/{dest}")
-        buf = await asyncio.to_thread(_tar_for_upload, src, str(target).lstrip("/"))
-        ok = await asyncio.to_thread(api.put_archive, container, "/", buf)
+        buf = await _call(_tar_for_upload, src, str(target).lstrip("/"))
+        ok = await _call(api.put_archive, container, "/", buf)
         if not ok:
             raise SandboxError(f"sandbox {self.name}: copying {src} to {target} failed")
 
@@ -337,10 +364,10 @@ class DockerSandbox:
         api, container = self._require()
         target = src if src.startswith("/") else f"{self._workdir or '/'}/{src}"
         try:
-            data = await asyncio.to_thread(_get_archive_bytes, api, container, target)
+            data = await _call(_get_archive_bytes, api, container, target)
         except docker.errors.NotFound as exc:
             raise FileNotFoundError(f"sandbox {self.name}: {target} does not exist") from exc
-        await asyncio.to_thread(_extract_download, data, PurePosixPath(target).name or "root", Path(dest))
+        await _call(_extract_download, data, PurePosixPath(target).name or "root", Path(dest))
 
 
 def _tar_for_upload(src: Path, arcname: str) -> bytes:

@@ -35,6 +35,7 @@ BASE_REPO = "conch/base"
 TASK_REPO = "conch/env"
 LABEL_KIND = "io.conch.kind"  # "base" | "env" | "sandbox"
 LABEL_TASK = "io.conch.task"
+LABEL_FROM_BASE = "io.conch.from-base"  # "1" on the base, inherited by images built on it: gets its runtime env
 LABEL_OWNER = "io.conch.owner"  # "<hostname>:<pid>" of the process that started a container
 BUILD_DIR = ".conch-build"  # generated files inside the build context
 CA_IN_IMAGE = "/usr/local/share/conch/build-ca.crt"
@@ -176,38 +177,6 @@ def is_standin_ref(ref: str) -> bool:
     return any(p.match(ref) for p in _STANDIN_PATTERNS)
 
 
-def _logical_lines(text: str) -> list[tuple[int, int, str]]:
-    """(first line index, last line index, joined text) of each instruction, comments and blanks skipped."""
-    lines = text.split("\n")
-    out: list[tuple[int, int, str]] = []
-    i = 0
-    while i < len(lines):
-        start, parts = i, []
-        while True:
-            line = lines[i]
-            stripped = line.strip()
-            if parts and (stripped.startswith("#") or not stripped):
-                i += 1  # comments and blank lines inside a continuation are skipped
-            elif line.rstrip().endswith("\\"):
-                parts.append(line.rstrip()[:-1])
-                i += 1
-            else:
-                parts.append(line)
-                i += 1
-                break
-            if i >= len(lines):
-                break
-        joined = " ".join(p.strip() for p in parts).strip()
-        if joined and not joined.startswith("#"):
-            out.append((start, i - 1, joined))
-    return out
-
-
-def _expand_args(ref: str, args: dict[str, str]) -> str:
-    return re.sub(r"\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)",
-                  lambda m: args.get(m.group(1) or m.group(3), m.group(2) or ""), ref)
-
-
 @dataclass(frozen=True)
 class GeneratedDockerfile:
     text: str
@@ -215,32 +184,47 @@ class GeneratedDockerfile:
     parents: tuple[str, ...]  # image references the build starts from (after replacement)
 
 
-def generate_dockerfile(text: str, base_ref: str, source: str, image_exists: Callable[[str], bool]) -> GeneratedDockerfile:
-    """Rewrite FROM lines (stand-ins, build CA) in Dockerfile `text`; `source` names it in errors."""
-    lines = text.split("\n")
+def _instruction_end(lines: list[str], first: int, escape: str) -> int:
+    """Index of the last physical line of the instruction starting at index `first`."""
+    i = first
+    while lines[i].rstrip().endswith(escape) and i + 1 < len(lines):
+        i += 1
+        while i + 1 < len(lines) and (not lines[i].strip() or lines[i].lstrip().startswith("#")):
+            i += 1
+    return i
+
+
+def generate_dockerfile(text: str, base_ref: str, source: str, image_exists: Callable[[str], bool],
+                        base_args: dict[str, str] | None = None) -> GeneratedDockerfile:
+    """Rewrite the FROM lines of Dockerfile `text` (offline stand-ins, build CA); `source` names it in errors.
+    Stages that start from the base also get `base_args` as build ARGs (environment of their RUN steps).
+
+    Parsing (continuations, heredocs, the escape directive) is the shared parser's (conch/sandbox/dockerfile.py);
+    every other line is passed through unchanged, so the engine builds exactly what the task wrote."""
+    from conch.sandbox.dockerfile import expand_vars, parse
+
+    df = parse(Path(source), text)
+    lines = text.splitlines()
     stages: set[str] = set()
     global_args: dict[str, str] = {}
     standins: list[str] = []
     parents: list[str] = []
     replacements: dict[int, tuple[int, list[str]]] = {}
-    seen_from = False
-    for first, last, instr in _logical_lines(text):
-        word, _, rest = instr.partition(" ")
-        kw = word.upper()
-        if kw == "ARG" and not seen_from:
-            for decl in rest.split():
+    for ins in df.instructions:
+        if ins.keyword == "ARG" and not replacements:
+            for decl in ins.value.split():
                 k, _, v = decl.partition("=")
                 global_args[k] = v.strip("\"'")
             continue
-        if kw != "FROM":
+        if ins.keyword != "FROM":
             continue
-        seen_from = True
-        tokens = rest.split()
-        flags = [t for t in tokens if t.startswith("--")]
-        words = [t for t in tokens if not t.startswith("--")]
+        words = ins.value.split()
         if not words:
-            raise SandboxError(f"{source}:{first + 1}: FROM without an image")
-        ref = _expand_args(words[0], global_args)
+            raise SandboxError(f"{source}:{ins.line}: FROM without an image")
+        try:
+            ref = expand_vars(words[0], global_args)
+        except ValueError as exc:
+            raise SandboxError(f"{source}:{ins.line}: FROM {words[0]}: {exc}") from exc
         alias = words[2] if len(words) >= 3 and words[1].upper() == "AS" else None
         if ref.lower() in stages or ref == "scratch":
             new_ref = ref
@@ -252,19 +236,21 @@ def generate_dockerfile(text: str, base_ref: str, source: str, image_exists: Cal
             standins.append(ref)
             parents.append(base_ref)
         else:
-            raise SandboxError(f"{source}:{first + 1}: FROM {ref} cannot be pulled (no registry access) and has no "
+            raise SandboxError(f"{source}:{ins.line}: FROM {ref} cannot be pulled (no registry access) and has no "
                                "offline stand-in (python:3.x, debian:*, ubuntu:*, ghcr.io/laude-institute/t-bench/*);"
                                " load it into the engine first (`docker load`)")
+        flags = [f"--{k}={v}" for k, v in ins.flags]
         head = " ".join(["FROM", *flags, new_ref] + (["AS", alias] if alias else []))
-        if new_ref == "scratch":
-            block = [head]
-        else:
-            block = [head, f"COPY {BUILD_DIR}/ca.crt {CA_IN_IMAGE}"]
-            block += [f"ARG {var}={CA_IN_IMAGE}" for var in CA_VARS]
+        block = [head]
+        if new_ref != "scratch":
+            block += [f"COPY {BUILD_DIR}/ca.crt {CA_IN_IMAGE}"] + [f"ARG {var}={CA_IN_IMAGE}" for var in CA_VARS]
+        if new_ref == base_ref:
+            block += [f"ARG {k}={v}" for k, v in (base_args or {}).items()]
         if alias:
             stages.add(alias.lower())
-        replacements[first] = (last, block)
-    if not seen_from:
+        first = ins.line - 1
+        replacements[first] = (_instruction_end(lines, first, df.escape), block)
+    if not replacements:
         raise SandboxError(f"{source}: no FROM instruction")
     out: list[str] = []
     i = 0
@@ -276,7 +262,7 @@ def generate_dockerfile(text: str, base_ref: str, source: str, image_exists: Cal
         else:
             out.append(lines[i])
             i += 1
-    return GeneratedDockerfile("\n".join(out), tuple(standins), tuple(parents))
+    return GeneratedDockerfile("\n".join(out) + "\n", tuple(standins), tuple(parents))
 
 
 def announce_standins(standins: tuple[str, ...], base_ref: str, source: str) -> None:
@@ -437,7 +423,8 @@ def ensure_env_image(env: Environment, what: str, progress: Progress = _stderr) 
                 raise SandboxError(f"{env.dockerfile}: cannot read Dockerfile: {exc}") from exc
             source, ctx = str(env.dockerfile), env.context_dir or env.dockerfile.parent
 
-        gen = generate_dockerfile(text, base_ref, source, lambda ref: _image_id(c, ref) is not None)
+        gen = generate_dockerfile(text, base_ref, source, lambda ref: _image_id(c, ref) is not None,
+                                  build_args_for_standin())
         announce_standins(gen.standins, base_ref, source)
         if ctx is not None:
             try:
@@ -461,6 +448,7 @@ def ensure_env_image(env: Environment, what: str, progress: Progress = _stderr) 
                 return tag
             progress(f"conch: building image {tag} for {what}")
             tar = _context_tar(ctx, paths, gen.text, build_ca_bundle())
+            # LABEL_FROM_BASE is inherited from the base image by everything built on it
             _run_build(c, tag, tar, {LABEL_KIND: "env", LABEL_TASK: what}, what, progress)
         return tag
     finally:
@@ -470,9 +458,60 @@ def ensure_env_image(env: Environment, what: str, progress: Progress = _stderr) 
 # ----------------------------------------------------------------------------------------------- base
 
 
-def ensure_base_image(c: Any, progress: Progress = _stderr) -> str:
-    """The offline base image reference, imported from the shared Debian base root when missing."""
-    raise SandboxError("base image import not wired yet")
+def base_tag() -> str:
+    """`conch/base:<recipe id>`: the local backend's base root recipe, so both backends share one toolchain."""
+    from conch.sandbox import baseroot
+
+    return f"{BASE_REPO}:{baseroot.recipe_id()}"
+
+
+def base_image_env() -> dict[str, str]:
+    """ENV of the base image: what python:* images set too. The offline package-tool settings of the local
+    backend (baseroot.RUNTIME_ENV) are given to containers at start instead, so that RUN steps of task
+    builds, which have network, are not forced offline."""
+    from conch.sandbox.bwrap import DEFAULT_PATH
+
+    return {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}
+
+
+def ensure_base_image(c: Any, progress: Progress = _stderr, force: bool = False) -> str:
+    """The offline base image reference: the shared Debian base root (built first when missing, with
+    debootstrap) `docker import`ed once per recipe."""
+    from conch.sandbox import baseroot
+
+    tag = base_tag()
+    if not force and _image_id(c, tag):
+        return tag
+    with _BuildLock(tag):
+        if not force and _image_id(c, tag):
+            return tag
+        tarball = baseroot.rootfs_tarball()
+        progress(f"conch: importing the base image {tag} from {tarball}")
+        changes = [f"ENV {k}={v}" for k, v in base_image_env().items()]
+        changes += ['CMD ["bash"]', f"LABEL {LABEL_KIND}=base", f"LABEL {LABEL_FROM_BASE}=1"]
+        try:
+            c.api.import_image_from_file(str(tarball), repository=BASE_REPO, tag=tag.split(":", 1)[1],
+                                         changes=changes)
+        except Exception as exc:  # noqa: BLE001 - the engine's message says what is wrong
+            raise SandboxError(f"docker import of {tarball} failed: {exc}") from exc
+        if not _image_id(c, tag):
+            raise SandboxError(f"docker import of {tarball} did not produce {tag}")
+        c.api.tag(tag, BASE_REPO, "latest")
+    return tag
+
+
+def build_args_for_standin() -> dict[str, str]:
+    """Build-time environment of RUN steps in stages that start from the base (the local builder's BUILD_ENV)."""
+    from conch.sandbox import baseroot
+
+    return {k: v for k, v in baseroot.BUILD_ENV.items() if k not in base_image_env() and k != "HOME"}
+
+
+def runtime_env(image_env: dict[str, str]) -> dict[str, str]:
+    """Defaults of a sandbox's environment (baseroot.RUNTIME_ENV) that the image does not set itself."""
+    from conch.sandbox import baseroot
+
+    return {k: v for k, v in baseroot.RUNTIME_ENV.items() if k not in image_env}
 
 
 # ----------------------------------------------------------------------------------------------- gc

@@ -351,3 +351,23 @@ def test_gc_removes_what_a_killed_run_left(app_env):
     report, alive, alive_kept = run(live_one())
     assert name in report.containers and alive not in report.containers and alive_kept
     assert not _exists(name)
+
+
+def _check(backend: str, agent: str) -> list[dict]:
+    proc = subprocess.run([*CONCH, "check", str(REPO / "examples" / "tasks"), "--sandbox", backend, "--agent", agent,
+                           "--jobs", "2", "--json"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [{k: r[k] for k in ("task", "n_passed", "n_total", "reward", "error")} for r in json.loads(proc.stdout)]
+
+
+@pytest.mark.parametrize("agent", ["oracle", "nop"])
+def test_same_results_as_the_local_backend(engine, agent):
+    """`conch check --sandbox docker` and `--sandbox local` agree on every example task (real CLI)."""
+    docker_results = _check("docker", agent)
+    local_results = _check("local", agent)
+    assert len(docker_results) >= 5
+    assert docker_results == local_results
+    if agent == "oracle":
+        assert all(r["error"] is None and r["n_passed"] == r["n_total"] > 0 for r in docker_results)
+    else:
+        assert sum(r["n_passed"] for r in docker_results) < sum(r["n_total"] for r in docker_results)

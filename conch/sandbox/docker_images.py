@@ -400,7 +400,7 @@ def _run_build(c: Any, tag: str, fileobj: io.BytesIO, labels: dict[str, str], wh
             if text:
                 for line in text.rstrip("\n").split("\n"):
                     tail.append(line)
-                    if line.startswith("Step "):
+                    if line.startswith("Step ") and " : RUN " in line:  # the steps that take time
                         progress(f"  {what}: {line}")
                 del tail[:-200]
     except docker.errors.APIError as exc:

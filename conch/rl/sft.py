@@ -1,0 +1,163 @@
+"""Warm start, step 1: supervised fine-tuning on expert trajectories, loss on assistant tokens only.
+
+Why build the examples with the agent loop's own token bookkeeping: the policy must learn to emit exactly the
+ids the rollouts will later hold. Each expert chat is laid out as the TITO loop lays out a rollout — prompt ids,
+then per turn the canonical ids of the assistant text plus its end token (mask 1), then the chat-template delta
+of the observation (mask 0) — so SFT, rollouts and PPO share one token layout.
+
+Training stops at the plateau of the validation loss (`patience` evaluations without improvement) or at the
+step budget, and the curve is returned so the run can report it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from conch.agent.tito import END_OF_TURN, ChatCodec, TokenBuilder
+
+
+@dataclass
+class SFTExample:
+    tokens: list[int]
+    mask: list[int]
+
+
+@dataclass
+class SFTReport:
+    steps: int
+    train_loss: list[tuple[int, float]] = field(default_factory=list)
+    val_loss: list[tuple[int, float]] = field(default_factory=list)
+    best_val: float = math.inf
+    stopped: str = "budget"  # "plateau" or "budget"
+    seconds: float = 0.0
+    examples: int = 0
+    val_examples: int = 0
+
+
+def build_example(codec: ChatCodec, messages: Sequence[dict], max_tokens: int) -> SFTExample:
+    """Lay out one expert chat (system, user, assistant/tool turns) exactly as a TITO rollout would."""
+    tb = TokenBuilder(codec, routing_shape=None)
+    convo = list(messages[:2])
+    tb.insert(codec.encode(codec.render(convo, add_generation_prompt=True)))
+    i = 2
+    while i < len(messages):
+        msg = messages[i]
+        if msg["role"] != "assistant":
+            raise ValueError(f"expected an assistant message at position {i}, got {msg['role']!r}")
+        before = codec.render(convo, add_generation_prompt=True)
+        convo.append(msg)
+        after = codec.render(convo, add_generation_prompt=False)
+        segment = after[len(before) :]
+        text = segment[: segment.index(END_OF_TURN)] if END_OF_TURN in segment else segment
+        ids = codec.encode(text) + [codec.end_id]
+        tb.add_sampled(ids, [0.0] * len(ids))
+        i += 1
+        obs = []
+        while i < len(messages) and messages[i]["role"] == "tool":
+            obs.append(messages[i])
+            i += 1
+        if obs:
+            with_assistant = list(convo)
+            convo.extend(obs)
+            tb.insert(tb.observation_ids(with_assistant, convo))
+        if len(tb.tokens) >= max_tokens:
+            break
+    return SFTExample(tb.tokens[:max_tokens], tb.mask[:max_tokens])
+
+
+def _batch_loss(model: Any, batch: list[SFTExample], pad_id: int):
+    import torch
+    import torch.nn.functional as F
+
+    T = max(len(e.tokens) for e in batch)
+    ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), T), dtype=torch.float32)
+    attn = torch.zeros((len(batch), T), dtype=torch.long)
+    for b, e in enumerate(batch):
+        n = len(e.tokens)
+        ids[b, :n] = torch.tensor(e.tokens)
+        mask[b, :n] = torch.tensor(e.mask, dtype=torch.float32)
+        attn[b, :n] = 1
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    targets = ids[:, 1:]
+    m = mask[:, 1:]
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    nll = nll.view_as(m)
+    return (nll * m).sum() / m.sum().clamp(min=1.0)
+
+
+def train_sft(
+    model: Any,
+    examples: list[SFTExample],
+    pad_id: int,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    val_fraction: float = 0.1,
+    eval_every: int = 25,
+    patience: int = 4,
+    seed: int = 0,
+    log: Any = None,
+) -> SFTReport:
+    """Train `model` in place; keeps the weights of the best validation loss."""
+    import copy
+
+    import torch
+
+    rng = random.Random(seed)
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    n_val = max(1, int(len(examples) * val_fraction)) if len(examples) > 4 else 0
+    val = [examples[i] for i in order[:n_val]]
+    train = [examples[i] for i in order[n_val:]] or val
+    report = SFTReport(steps=0, examples=len(train), val_examples=len(val))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
+    best_state = None
+    bad = 0
+    t0 = time.monotonic()
+    model.train()
+
+    def val_loss() -> float:
+        model.eval()
+        with torch.no_grad():
+            losses = [float(_batch_loss(model, val[i : i + batch_size], pad_id)) for i in range(0, len(val), batch_size)]
+        model.train()
+        return sum(losses) / len(losses)
+
+    for step in range(1, steps + 1):
+        batch = [train[rng.randrange(len(train))] for _ in range(batch_size)]
+        loss = _batch_loss(model, batch, pad_id)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        report.steps = step
+        report.train_loss.append((step, float(loss)))
+        if val and (step % eval_every == 0 or step == steps):
+            v = val_loss()
+            report.val_loss.append((step, v))
+            if log is not None:
+                log(step, float(loss), v)
+            else:
+                print(f"sft step {step}/{steps}  train {float(loss):.3f}  val {v:.3f}", file=sys.stderr, flush=True)
+            if v < report.best_val - 1e-3:
+                report.best_val = v
+                best_state = copy.deepcopy(model.state_dict())
+                bad = 0
+            else:
+                bad += 1
+                if bad >= patience:
+                    report.stopped = "plateau"
+                    break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    model.eval()
+    report.seconds = time.monotonic() - t0
+    return report

@@ -1,0 +1,330 @@
+"""Namespace plumbing shared by the local backend, its Dockerfile builder and the base-root builder.
+
+Why this shape (measured on bubblewrap 0.8.0, which has no --overlay option):
+- Host root mounts the overlay (and, for a storage limit, a loop-mounted ext4 upper) inside a private mount
+  namespace (`unshare -m`), so nothing is ever mounted in the host's namespace and everything unmounts by
+  itself when the last process of the sandbox dies, even after a crash.
+- A user namespace maps uids/gids 0..65535 one to one, so root in the box can chown to any user (useradd,
+  apt's `_apt`), while holding no capability over the host. `unshare -U` creates it; we write the maps from
+  the host (no newuidmap needed), then release the child through its stdin.
+- bubblewrap then switches root to the merged overlay and unshares pid/net/ipc/uts/cgroup namespaces. It does
+  not create a second user namespace (bwrap would map a single uid), and keeps full capabilities for root
+  inside only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conch.sandbox.base import Limits, SandboxError
+
+ID_RANGE = 65536
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        print(f"conch: warning: {message}", file=sys.stderr)
+
+
+def require_host() -> None:
+    """The local backend needs root (overlay, loop devices, uid maps, cgroups) and a few tools."""
+    if os.geteuid() != 0:
+        raise SandboxError("the local sandbox backend must run as root (it mounts overlays and sets uid maps); "
+                           "run as root or use --sandbox docker")
+    missing = [t for t in ("bwrap", "unshare", "nsenter", "mount") if shutil.which(t) is None]
+    if missing:
+        raise SandboxError(f"missing host tools for the local sandbox: {', '.join(missing)} "
+                           "(install with: apt-get install bubblewrap util-linux mount)")
+
+
+def check_mount_path(path: Path) -> str:
+    text = str(path)
+    if any(c in text for c in ",:\n"):
+        raise SandboxError(f"path {text!r} cannot be used in overlay mount options (contains ',' or ':')")
+    return text
+
+
+def overlay_options(lowers: list[Path], upper: Path, work: Path, cwd: Path) -> str:
+    """Overlay mount options. Lower paths are made relative to `cwd` (the mount runs there) so that long
+    layer stacks still fit the kernel's one-page limit on the option string."""
+    rel = [os.path.relpath(p, cwd) for p in lowers]
+    for p in lowers:
+        check_mount_path(p)
+    opts = f"lowerdir={':'.join(rel)},upperdir={check_mount_path(upper)},workdir={check_mount_path(work)}"
+    if len(opts) > 4000:
+        raise SandboxError(f"too many image layers ({len(lowers)}) for one overlay mount")
+    return opts
+
+
+def sh_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+@dataclass(frozen=True)
+class BoxConfig:
+    """How one box's root is assembled and which namespaces it gets.
+
+    root modes: `lowers` + `upper_dir`/`work_dir` (overlay, upper on the host disk: build steps), `lowers` +
+    `disk_image` (overlay, upper on a loop-mounted ext4 of fixed size: runtime storage limit), `lowers` +
+    `tmpfs_mb` (overlay, upper on a size-limited tmpfs: fallback without loop devices), or `bind_root`
+    (a plain directory, writable: building the base root itself).
+    """
+
+    state_dir: Path
+    lowers: tuple[Path, ...] = ()
+    upper_dir: Path | None = None
+    work_dir: Path | None = None
+    disk_image: Path | None = None
+    tmpfs_mb: int | None = None
+    bind_root: Path | None = None
+    network: bool = False
+    hostname: str = "sandbox"
+    extra_binds: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host, box) read-only
+
+
+def launcher_argv(cfg: BoxConfig, box_argv: list[str], *, as_pid_1: bool, cwd: str = "/") -> list[str]:
+    """argv for the host process: unshare -m, mounts, unshare -U (waits for maps on stdin), bwrap."""
+    merged = cfg.state_dir / "merged"
+    steps = ["set -e"]
+    if cfg.bind_root is not None:
+        root = check_mount_path(cfg.bind_root)
+    else:
+        if cfg.disk_image is not None:
+            rw = cfg.state_dir / "rw"
+            steps.append(f"mount -o loop,nosuid,nodev {sh_quote(str(cfg.disk_image))} {sh_quote(str(rw))}")
+            upper, work = rw / "upper", rw / "work"
+            steps.append(f"mkdir -p {sh_quote(str(upper))} {sh_quote(str(work))}")
+        elif cfg.tmpfs_mb is not None:
+            rw = cfg.state_dir / "rw"
+            steps.append(f"mount -t tmpfs -o size={cfg.tmpfs_mb}m,nosuid,nodev tmpfs {sh_quote(str(rw))}")
+            upper, work = rw / "upper", rw / "work"
+            steps.append(f"mkdir -p {sh_quote(str(upper))} {sh_quote(str(work))}")
+        else:
+            assert cfg.upper_dir is not None and cfg.work_dir is not None
+            upper, work = cfg.upper_dir, cfg.work_dir
+        common = Path(os.path.commonpath([str(p) for p in cfg.lowers]))
+        if common.is_file():
+            common = common.parent
+        opts = overlay_options(list(cfg.lowers), upper, work, common)
+        steps.append(f"cd {sh_quote(str(common))}")
+        steps.append(f"mount -t overlay overlay -o {sh_quote(opts)} {sh_quote(str(merged))}")
+        steps.append("cd /")
+        root = str(merged)
+    bw = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
+          "--hostname", cfg.hostname, "--bind", root, "/", "--proc", "/proc", "--dev", "/dev",
+          "--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/dev/shm", "--ro-bind", "/sys", "/sys",
+          "--chdir", cwd]
+    if not cfg.network:
+        bw.append("--unshare-net")
+    else:
+        bw += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+    for host, box in cfg.extra_binds:
+        bw += ["--ro-bind", host, box]
+    if as_pid_1:
+        bw.append("--as-pid-1")
+    bw.append("--")
+    bw += box_argv
+    inner = "read _go || exit 97; exec " + " ".join(sh_quote(a) for a in bw)
+    steps.append("exec unshare --user -- sh -c " + sh_quote(inner))
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", "\n".join(steps)]
+
+
+def _ns_changed(pid: int, mine: str) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/user") != mine
+    except FileNotFoundError:
+        return True  # it died; the caller sees that on write or wait
+
+
+def write_id_maps(pid: int, timeout: float = 10.0) -> None:
+    """Wait until `pid` has entered its new user namespace, then map ids 0..65535 one to one."""
+    mine = os.readlink("/proc/self/ns/user")
+    deadline = time.monotonic() + timeout
+    while not _ns_changed(pid, mine):
+        if time.monotonic() > deadline:
+            raise SandboxError("the sandbox launcher did not create its user namespace in time")
+        time.sleep(0.0002)
+    try:
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{pid}/{name}", "w") as fh:
+                fh.write(f"0 0 {ID_RANGE}\n")
+    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError) as exc:
+        raise SandboxError(f"could not set the sandbox's uid/gid maps: {exc}") from exc
+
+
+def run_box(cfg: BoxConfig, argv: list[str], *, env: dict[str, str], cwd: str = "/", stdin_data: bytes | None = None,
+            log_prefix: str = "", capture: bool = False, timeout: float | None = None) -> tuple[int, str]:
+    """Run one command in a fresh box and wait for it (build steps). Returns (exit code, last output).
+
+    Output is streamed to stderr with `log_prefix` unless `capture`; the last ~4 KB are returned either way.
+    """
+    (cfg.state_dir / "merged").mkdir(parents=True, exist_ok=True)
+    full_env = {"PATH": DEFAULT_PATH, **env}
+    box_argv = ["env", "-i", *[f"{k}={v}" for k, v in full_env.items()], *argv]
+    proc = subprocess.Popen(launcher_argv(cfg, box_argv, as_pid_1=False, cwd=cwd), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={"PATH": DEFAULT_PATH})
+    assert proc.stdin is not None and proc.stdout is not None
+    def feed() -> None:
+        try:
+            proc.stdin.write(b"go\n" + (stdin_data or b""))  # type: ignore[union-attr]
+            proc.stdin.close()  # type: ignore[union-attr]
+        except BrokenPipeError:
+            pass
+
+    try:
+        write_id_maps(proc.pid)
+    except SandboxError:
+        pass  # the launcher failed early; its output says why
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    tail = bytearray()
+    at_line_start = True
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+        tail += chunk
+        del tail[:-4096]
+        if not capture:
+            text = chunk.decode("utf-8", "replace")
+            if log_prefix:
+                lines = text.split("\n")
+                text = "\n".join((log_prefix + ln if (i > 0 or at_line_start) and ln else ln)
+                                 for i, ln in enumerate(lines))
+                at_line_start = chunk.endswith(b"\n")
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        if deadline is not None and time.monotonic() > deadline:
+            proc.kill()
+    rc = proc.wait()
+    return rc, tail.decode("utf-8", "replace")
+
+
+# --- cgroups ---------------------------------------------------------------------------------------------------
+
+_CG_ROOT = Path("/sys/fs/cgroup")
+
+
+def _own_cgroup(controller: str) -> str:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        if controller in ctrls.split(","):
+            return path
+    return "/"
+
+
+class Cgroups:
+    """Per-sandbox cgroups under this process's own cgroups (so any outer limit still applies).
+
+    cgroup v1 (pids, memory, cpu hierarchies) when writable, else cgroup v2 when its controllers are
+    delegated; otherwise no limits, with one warning.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.paths: list[Path] = []
+
+    @staticmethod
+    def from_paths(paths: list[str]) -> Cgroups:
+        cg = Cgroups("")
+        cg.paths = [Path(p) for p in paths]
+        return cg
+
+    def create(self, limits: Limits) -> None:
+        v1 = [c for c in ("pids", "memory", "cpu") if (_CG_ROOT / c / "cgroup.procs").exists()]
+        settings: dict[str, list[tuple[str, str]]] = {
+            "pids": [("pids.max", str(limits.pids))],
+            "memory": [("memory.limit_in_bytes", str(limits.memory_mb << 20)),
+                       ("memory.memsw.limit_in_bytes", str(limits.memory_mb << 20))],
+            "cpu": [("cpu.cfs_period_us", "100000"), ("cpu.cfs_quota_us", str(int(limits.cpus * 100000)))],
+        }
+        if v1:
+            for ctrl in v1:
+                path = _CG_ROOT / ctrl / _own_cgroup(ctrl).lstrip("/") / f"conch-{self.name}"
+                try:
+                    path.mkdir(exist_ok=True)
+                except OSError as exc:
+                    warn_once(f"cg-{ctrl}", f"cgroup {ctrl} not writable ({exc}); that limit is not enforced")
+                    continue
+                self.paths.append(path)
+                for fname, value in settings[ctrl]:
+                    try:
+                        (path / fname).write_text(value)
+                    except OSError as exc:
+                        if fname != "memory.memsw.limit_in_bytes":  # absent without swap accounting
+                            warn_once(f"cg-{fname}", f"could not set {fname} ({exc}); not enforced")
+            return
+        if (_CG_ROOT / "cgroup.controllers").exists():
+            path = _CG_ROOT / _own_cgroup("").lstrip("/") / f"conch-{self.name}"
+            try:
+                path.mkdir(exist_ok=True)
+                self.paths.append(path)
+                (path / "pids.max").write_text(str(limits.pids))
+                (path / "memory.max").write_text(str(limits.memory_mb << 20))
+                (path / "memory.swap.max").write_text("0")
+                (path / "cpu.max").write_text(f"{int(limits.cpus * 100000)} 100000")
+            except OSError as exc:
+                warn_once("cg2", f"cgroup v2 limits not available ({exc}); cpu/memory/pids limits not enforced")
+            return
+        warn_once("cg-none", "no writable cgroups; cpu/memory/pids limits are not enforced")
+
+    def procs_files(self) -> list[str]:
+        return [str(p / "cgroup.procs") for p in self.paths]
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for p in self.paths:
+            try:
+                found.update(int(x) for x in (p / "cgroup.procs").read_text().split())
+            except OSError:
+                pass
+        return found
+
+    def kill_all(self, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while (pids := self.pids()) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.01)
+
+    def remove(self) -> None:
+        for p in self.paths:
+            for _ in range(100):
+                try:
+                    p.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+
+
+def join_cgroups(files: list[str]) -> None:
+    """preexec_fn body: move the calling (child) process into the sandbox's cgroups."""
+    pid = str(os.getpid())
+    for f in files:
+        try:
+            with open(f, "w") as fh:
+                fh.write(pid)
+        except OSError:
+            pass
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Kernel start time of `pid` (to tell a live owner from a recycled pid), or None when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])

@@ -1,0 +1,395 @@
+"""The `local` sandbox backend: bubblewrap over an overlay of the task image, no Docker needed.
+
+Why one long-lived init per sandbox plus `nsenter`: every exec(), every shell session and the verifier must see
+one filesystem and one pid namespace (a server the agent starts in the background must still answer when the
+tests run). `start()` launches a tiny reaping bash as pid 1 of the box (see `bwrap.py` for the namespace
+recipe); each command then joins its namespaces with `nsenter` and its cgroups before it runs. Killing that
+pid 1 tears down the whole pid namespace, and with it every mount (they only ever existed in the box's private
+mount namespace), so `stop()` leaves nothing behind; a crash leaves only a state folder under
+CONCH_HOME/sandboxes/, which the next start or `conch sandbox gc` removes.
+
+Storage is an overlay upper dir on a loop-mounted ext4 image of `limits.storage_mb` (a disk-full box gets
+ENOSPC, the host disk is untouched beyond that size); memory, cpu and pids are cgroup limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from conch.sandbox import paths
+from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec
+from conch.sandbox.baseroot import RUNTIME_ENV
+from conch.sandbox.bwrap import (DEFAULT_PATH, BoxConfig, Cgroups, launcher_argv, proc_start_time, require_host,
+                                 warn_once, write_id_maps)
+from conch.sandbox.localbuild import LocalImage, build_image
+from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell
+
+_INIT = ("echo ready; exec >/dev/null 2>&1 </dev/null; trap : TERM INT HUP QUIT USR1 USR2; "
+         "while :; do sleep 86400 & wait $!; done")
+_NSENTER_NS = ("-U", "-m", "-n", "-p", "-i", "-u", "-C")
+# Host-side wrapper that moves itself into the sandbox's cgroups, then execs nsenter: cheaper than a
+# preexec_fn, which forces a full fork() of the (possibly huge) Python process instead of vfork().
+_JOIN = 'p=$$; while [ "$1" != -- ]; do echo "$p" > "$1" 2>/dev/null; shift; done; shift; exec "$@"'
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _exit_code(rc: int | None) -> int | None:
+    return 128 - rc if rc is not None and rc < 0 else rc
+
+
+async def _drain(reader: asyncio.StreamReader, buf: CappedBuffer) -> None:
+    while data := await reader.read(1 << 16):
+        buf.feed(data)
+
+
+class LocalSandbox:
+    """`Sandbox` implementation on bubblewrap. See the module docstring for the design."""
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.image: LocalImage | None = None
+        self.state_dir: Path | None = None
+        self.init_pid: int | None = None
+        self._launcher: asyncio.subprocess.Process | None = None
+        self._cgroups: Cgroups | None = None
+        self._env: dict[str, str] = {}
+        self._cwd = "/"
+        self._shells: list[PersistentShell] = []
+        self.start_seconds = 0.0
+
+    # --- lifecycle ---------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.init_pid is not None:
+            return
+        t0 = time.monotonic()
+        require_host()
+        self.image = await asyncio.to_thread(build_image, self.spec.context_dir, self.spec.dockerfile)
+        gc_sandboxes()
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "-", self.name)[:40] or "box"
+        sid = f"{safe}-{secrets.token_hex(4)}"
+        state = paths.sandboxes_dir() / sid
+        (state / "rw").mkdir(parents=True)
+        (state / "merged").mkdir()
+        self.state_dir = state
+        limits = self.spec.limits
+        try:
+            disk, tmpfs_mb = await asyncio.to_thread(self._make_disk, state, limits.storage_mb)
+            self._cgroups = Cgroups(sid)
+            self._cgroups.create(limits)
+            self._write_owner({})
+            cfg = BoxConfig(state_dir=state, lowers=self.image.lowers, disk_image=disk, tmpfs_mb=tmpfs_mb,
+                            network=False, hostname=safe[:63])
+            files = self._cgroups.procs_files()
+            with open(state / "launch.log", "wb") as log:
+                self._launcher = await asyncio.create_subprocess_exec(
+                    "/bin/sh", "-c", _JOIN, "sh", *files, "--",
+                    *launcher_argv(cfg, ["/bin/bash", "-c", _INIT], as_pid_1=True), stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=log, env={"PATH": DEFAULT_PATH})
+            assert self._launcher.stdin is not None and self._launcher.stdout is not None
+            write_id_maps(self._launcher.pid)
+            self._launcher.stdin.write(b"go\n")
+            await self._launcher.stdin.drain()
+            try:
+                line = await asyncio.wait_for(self._launcher.stdout.readline(), 60)
+            except asyncio.TimeoutError:
+                line = b""
+            kids = _children(self._launcher.pid)
+            if line.strip() != b"ready" or not kids:
+                log_text = (state / "launch.log").read_text(errors="replace")[-2000:]
+                raise SandboxError(f"local sandbox {self.name!r} failed to start: {log_text or line!r}")
+            self.init_pid = kids[0]
+            self._write_owner({"launcher_pid": self._launcher.pid,
+                               "launcher_start": proc_start_time(self._launcher.pid),
+                               "init_pid": self.init_pid, "init_start": proc_start_time(self.init_pid)})
+        except BaseException:
+            await self.stop()
+            raise
+        env = {**RUNTIME_ENV, "HOSTNAME": safe[:63], **dict(self.image.env), **self.spec.env}
+        self._env = env
+        self._cwd = self.spec.workdir or self.image.workdir or "/"
+        if self.spec.workdir:
+            await self.exec(f"mkdir -p -- {_q(self._cwd)}", cwd="/")
+        self.start_seconds = time.monotonic() - t0
+
+    def _make_disk(self, state: Path, storage_mb: int) -> tuple[Path | None, int | None]:
+        if os.path.exists("/dev/loop-control") and shutil.which("mkfs.ext4"):
+            img = state / "disk.img"
+            with open(img, "wb") as fh:
+                fh.truncate(storage_mb << 20)
+            proc = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
+                                   "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", str(img)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if proc.returncode == 0:
+                return img, None
+            warn_once("mkfs", f"mkfs.ext4 failed ({proc.stdout.strip()[:200]}); using a tmpfs for storage")
+        else:
+            warn_once("loop", "no loop devices (or mkfs.ext4); sandbox storage is a size-limited tmpfs (RAM)")
+        return None, storage_mb
+
+    def _write_owner(self, extra: dict) -> None:
+        assert self.state_dir is not None
+        info = {"name": self.name, "owner_pid": os.getpid(), "owner_start": proc_start_time(os.getpid()),
+                "cgroups": [str(p) for p in (self._cgroups.paths if self._cgroups else [])], **extra}
+        tmp = self.state_dir / "owner.json.tmp"
+        tmp.write_text(json.dumps(info))
+        os.replace(tmp, self.state_dir / "owner.json")
+
+    async def stop(self) -> None:
+        """Kill every process of the box (pid 1 first: the kernel then kills the namespace) and clean up."""
+        for sh in self._shells:
+            try:
+                await asyncio.wait_for(sh.close(), 2)
+            except Exception:  # noqa: BLE001 - the kill below covers it
+                pass
+        self._shells.clear()
+        if self.init_pid is not None:
+            try:
+                os.kill(self.init_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self._launcher is not None:
+            if self._launcher.returncode is None:
+                try:
+                    await asyncio.wait_for(self._launcher.wait(), 5)
+                except asyncio.TimeoutError:
+                    self._launcher.kill()
+                    await self._launcher.wait()
+            self._launcher = None
+        if self._cgroups is not None:
+            await asyncio.to_thread(self._cgroups.kill_all)
+            await asyncio.to_thread(self._cgroups.remove)
+            self._cgroups = None
+        self.init_pid = None
+        if self.state_dir is not None:
+            await asyncio.to_thread(shutil.rmtree, self.state_dir, True)
+            self.state_dir = None
+
+    # --- processes ---------------------------------------------------------------------------------------------
+
+    def _require_started(self) -> int:
+        if self.init_pid is None:
+            raise SandboxError(f"sandbox {self.name!r} is not started")
+        return self.init_pid
+
+    def nsenter_argv(self, script: str, cwd: str | None = None, limited: bool = True) -> list[str]:
+        """Host argv running `bash -c script` in the box, in `cwd`, inside the box's cgroups.
+
+        `limited=False` skips the pids cgroup (control commands must work during a fork bomb).
+        """
+        pid = self._require_started()
+        files = self._cgroups.procs_files() if self._cgroups else []
+        if not limited:
+            files = [f for f in files if "/pids/" not in f]
+        # `cd` on the command's own first line keeps bash's error line numbers unchanged.
+        text = f"cd -- {_q(cwd or self._cwd)} || exit 125; {script}"
+        return ["/bin/sh", "-c", _JOIN, "sh", *files, "--", "nsenter", "-t", str(pid), *_NSENTER_NS, "--root",
+                "--wd", "bash", "-c", text]
+
+    async def spawn(self, script: str, *, cwd: str | None = None, env: dict[str, str] | None = None,
+                    limited: bool = True, stdin: int = subprocess.DEVNULL) -> asyncio.subprocess.Process:
+        """Start `bash -c script` in the box, in its own process group (host side), stdout/stderr piped."""
+        return await asyncio.create_subprocess_exec(
+            *self.nsenter_argv(script, cwd, limited), stdin=stdin, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env={**self._env, **(env or {})}, start_new_session=True)
+
+    async def exec(self, command: str, timeout: float = 60.0, cwd: str | None = None,
+                   env: dict[str, str] | None = None, output_cap: int = DEFAULT_OUTPUT_CAP) -> ExecResult:
+        t0 = time.monotonic()
+        proc = await self.spawn(command, cwd=cwd, env=env)
+        out, err = CappedBuffer(output_cap), CappedBuffer(output_cap)
+        assert proc.stdout is not None and proc.stderr is not None
+        readers = asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err))
+        timed_out = False
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            timed_out = True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            await proc.wait()
+        try:  # background children may hold the pipes open: do not wait for them long
+            await asyncio.wait_for(asyncio.shield(readers), 1.0 if timed_out else 2.0)
+        except asyncio.TimeoutError:
+            readers.cancel()
+            await asyncio.gather(readers, return_exceptions=True)
+        return ExecResult(stdout=out.render().decode("utf-8", "replace"),
+                          stderr=err.render().decode("utf-8", "replace"),
+                          exit_code=None if timed_out else _exit_code(proc.returncode), timed_out=timed_out,
+                          truncated=out.truncated or err.truncated, seconds=time.monotonic() - t0)
+
+    async def shell(self, cwd: str | None = None, env: dict[str, str] | None = None) -> PersistentShell:
+        transport = _NsenterShellTransport(self)
+        await transport.start(cwd, env)
+        session = await PersistentShell.open(transport)
+        self._shells.append(session)
+        return session
+
+    # --- files -------------------------------------------------------------------------------------------------
+
+    async def upload(self, src: Path, dest: str) -> None:
+        src = Path(src)
+        if not src.exists():
+            raise SandboxError(f"upload: {src} does not exist")
+        if not dest.startswith("/"):
+            dest = f"{self._cwd.rstrip('/')}/{dest}"
+        arcname = os.path.normpath(dest).lstrip("/")
+        if not arcname or arcname == ".":
+            raise SandboxError("upload: destination must not be /")
+
+        def owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            return info
+
+        with tempfile.TemporaryFile() as tmp:
+            def pack() -> None:
+                with tarfile.open(fileobj=tmp, mode="w", format=tarfile.PAX_FORMAT) as tf:
+                    tf.add(str(src), arcname=arcname, filter=owned_by_root)
+                tmp.seek(0)
+
+            await asyncio.to_thread(pack)
+            parent = os.path.dirname("/" + arcname)
+            proc = await self.spawn(f"mkdir -p -- {_q(parent)} && exec tar -C / -xpf -", cwd="/",
+                                    stdin=subprocess.PIPE)
+            assert proc.stdin is not None
+            while chunk := tmp.read(1 << 20):
+                proc.stdin.write(chunk)
+                await proc.stdin.drain()
+            proc.stdin.close()
+            _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise SandboxError(f"upload {src} -> {dest} failed: {err.decode(errors='replace')[-1000:]}")
+
+    async def download(self, src: str, dest: Path) -> None:
+        dest = Path(dest)
+        if not src.startswith("/"):
+            src = f"{self._cwd.rstrip('/')}/{src}"
+        norm = os.path.normpath(src)
+        parent, name = os.path.split(norm)
+        name = name or "."
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile() as tmp:
+            proc = await self.spawn(f"exec tar -C {_q(parent or '/')} -cf - -- {_q(name)}", cwd="/")
+            assert proc.stdout is not None and proc.stderr is not None
+            err_task = asyncio.ensure_future(proc.stderr.read())
+            while chunk := await proc.stdout.read(1 << 20):
+                tmp.write(chunk)
+            err = await err_task
+            if await proc.wait() != 0:
+                raise SandboxError(f"download {src} failed: {err.decode(errors='replace')[-1000:]}")
+            tmp.seek(0)
+            staging = Path(tempfile.mkdtemp(prefix=".conch-dl-", dir=dest.parent))
+            try:
+                def unpack() -> None:
+                    def mine(info: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+                        info = tarfile.tar_filter(info, path)
+                        return info.replace(uid=os.getuid(), gid=os.getgid(), uname=None, gname=None)
+
+                    with tarfile.open(fileobj=tmp) as tf:
+                        tf.extractall(staging, filter=mine)
+
+                await asyncio.to_thread(unpack)
+                got = staging / name if name != "." else staging
+                if dest.is_dir() and got.is_dir() and not dest.is_symlink():
+                    shutil.copytree(got, dest, symlinks=True, dirs_exist_ok=True)
+                else:
+                    if dest.is_dir() and not dest.is_symlink():
+                        shutil.rmtree(dest)
+                    elif dest.exists() or dest.is_symlink():
+                        dest.unlink()
+                    os.rename(got, dest)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+
+
+def _q(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+class _NsenterShellTransport:
+    """`ShellTransport` for a `PersistentShell` running inside a local sandbox."""
+
+    def __init__(self, box: LocalSandbox) -> None:
+        self.box = box
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self, cwd: str | None, env: dict[str, str] | None) -> None:
+        argv = " ".join(SHELL_ARGV)
+        self.proc = await self.box.spawn(f"exec {argv}", cwd=cwd, env=env, stdin=subprocess.PIPE)
+        assert self.proc.stdin and self.proc.stdout and self.proc.stderr
+        self.stdin, self.stdout, self.stderr = self.proc.stdin, self.proc.stdout, self.proc.stderr
+
+    async def control(self, script: str) -> None:
+        proc = await self.box.spawn(script, cwd="/", limited=False)
+        try:
+            await asyncio.wait_for(proc.communicate(), 10)
+        except asyncio.TimeoutError:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    async def terminate(self) -> int | None:
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.returncode is None:
+            try:
+                await asyncio.wait_for(proc.wait(), 0.2)
+            except asyncio.TimeoutError:
+                for pid in [*_children(proc.pid), proc.pid]:  # the in-box bash first, then nsenter
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                await proc.wait()
+        return _exit_code(proc.returncode)
+
+
+def gc_sandboxes(force: bool = False) -> list[str]:
+    """Remove state left by sandboxes whose owner process is gone (or all, with `force`). Returns their names."""
+    removed: list[str] = []
+    root = paths.sandboxes_dir()
+    if not root.is_dir():
+        return removed
+    for d in sorted(root.iterdir()):
+        try:
+            info = json.loads((d / "owner.json").read_text())
+        except (OSError, ValueError):
+            if time.time() - d.stat().st_mtime < 120 and not force:
+                continue  # being created right now
+            info = {}
+        owner = info.get("owner_pid")
+        if not force and owner and proc_start_time(owner) == info.get("owner_start"):
+            continue
+        for key in ("init", "launcher"):
+            pid = info.get(f"{key}_pid")
+            if pid and proc_start_time(pid) == info.get(f"{key}_start"):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        cg = Cgroups.from_paths(info.get("cgroups", []))
+        cg.kill_all()
+        cg.remove()
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d.name)
+    return removed

@@ -1,0 +1,404 @@
+"""Builds a task's Dockerfile into cached overlay layers for the local backend.
+
+Why layers keyed by a hash chain: an RL run starts the same task's sandbox hundreds of times. Each
+filesystem-changing step (RUN, COPY/ADD, WORKDIR) becomes one folder `layers/<key>/diff` holding exactly what
+that step changed (an overlay upper dir, whiteouts included), and `key` hashes the parent key, the step and,
+for COPY, the content of its sources. A second start recomputes the keys (cheap) and finds every folder
+present: no rebuild. The sandbox then stacks the non-empty diffs as overlay lowerdirs over the base root.
+
+Concurrency: a step is built in a temporary folder and renamed into place under a per-key file lock, so
+concurrent builders of the same task wait for one build instead of racing or seeing half a layer.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob as globmod
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import stat
+import sys
+import tarfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from conch.sandbox import paths
+from conch.sandbox.base import SandboxError
+from conch.sandbox.baseroot import BUILD_ENV, ensure_base_root, recipe_id
+from conch.sandbox.bwrap import BoxConfig, run_box, warn_once
+from conch.sandbox.dockerfile import BuildPlan, BuildStep, parse, plan
+
+
+@dataclass(frozen=True)
+class LocalImage:
+    """What a local sandbox mounts: `lowers` top first (the base root last), plus the image config."""
+
+    key: str
+    lowers: tuple[Path, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    workdir: str = "/"
+    base_image: str = ""
+    built_steps: int = 0  # steps actually executed by this call (0: everything came from the cache)
+
+
+def build_image(context: Path | None, dockerfile: Path | None, quiet: bool = False) -> LocalImage:
+    """The image for a sandbox spec: the base root alone, or the Dockerfile's steps over it (cached)."""
+    root = ensure_base_root(quiet=quiet)
+    if dockerfile is None:
+        return LocalImage(key=recipe_id(), lowers=(root,))
+    dockerfile = Path(dockerfile)
+    context = Path(context) if context is not None else dockerfile.parent
+    if not context.is_dir():
+        raise SandboxError(f"build context {context} is not a directory")
+    p = plan(parse(dockerfile))
+    warn_once(f"from:{dockerfile}", f"note: {dockerfile}: FROM {p.config.base_image} runs on the local Debian "
+                                    f"{'bookworm'} base root (use --sandbox docker for the exact image)")
+    for note in p.notes:
+        warn_once(note, note)
+    return _build(p, context, root, quiet)
+
+
+def _build(p: BuildPlan, context: Path, root: Path, quiet: bool) -> LocalImage:
+    ignore = DockerIgnore(context)
+    key = "base:" + recipe_id()
+    lowers: list[Path] = [root]
+    built = 0
+    layers = paths.layers_dir()
+    layers.mkdir(parents=True, exist_ok=True)
+    for n, step in enumerate(p.steps, 1):
+        sources = _expand_sources(p.dockerfile, step, context, ignore) if step.kind == "copy" else []
+        key = _step_key(key, step, context, sources, ignore)
+        layer = layers / key[:16]
+        meta = _read_meta(layer)
+        if meta is None:
+            with open(layers / f"{key[:16]}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                meta = _read_meta(layer)
+                if meta is None:
+                    if not quiet:
+                        print(f"conch: build {p.dockerfile} step {n}/{len(p.steps)}: {step.text[:160]}",
+                              file=sys.stderr, flush=True)
+                    meta = _run_step(p.dockerfile, step, key, layer, lowers, context, sources, ignore, quiet)
+                    built += 1
+        if not meta["empty"]:
+            lowers.insert(0, layer / "diff")
+    return LocalImage(key=key, lowers=tuple(lowers), env=p.config.env, workdir=p.config.workdir,
+                      base_image=p.config.base_image, built_steps=built)
+
+
+def _read_meta(layer: Path) -> dict | None:
+    try:
+        return json.loads((layer / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _step_key(parent: str, step: BuildStep, context: Path, sources: list[str], ignore: DockerIgnore) -> str:
+    fields = asdict(step)
+    fields.pop("line")
+    fields.pop("text")
+    h = hashlib.sha256(json.dumps([parent, fields], sort_keys=True).encode())
+    for rel in sources:
+        _hash_tree(h, context, rel, ignore)
+    return h.hexdigest()
+
+
+def _hash_tree(h: hashlib._Hash, context: Path, rel: str, ignore: DockerIgnore) -> None:
+    top = context / rel
+    for path, relpath in _walk(top, rel, ignore):
+        st = os.lstat(path)
+        h.update(f"\0{relpath}\0{stat.S_IFMT(st.st_mode)}\0{stat.S_IMODE(st.st_mode)}\0".encode())
+        if stat.S_ISLNK(st.st_mode):
+            h.update(os.readlink(path).encode())
+        elif stat.S_ISREG(st.st_mode):
+            with open(path, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+
+
+def _walk(top: Path, rel: str, ignore: DockerIgnore):
+    """(host path, context-relative path) of `top` and, for a directory, everything under it not ignored."""
+    yield top, rel
+    if top.is_dir() and not top.is_symlink():
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames.sort()
+            base = os.path.relpath(dirpath, top)
+            for name in [*sorted(filenames), *dirnames]:
+                r = os.path.normpath(os.path.join(rel, base, name))
+                if ignore.ignored(r):
+                    if name in dirnames:
+                        dirnames.remove(name)
+                    continue
+                yield Path(dirpath) / name, r
+
+
+class DockerIgnore:
+    """`.dockerignore` of a build context: glob patterns (`*`, `?`, `**`), `!` exceptions, last match wins."""
+
+    def __init__(self, context: Path) -> None:
+        self.rules: list[tuple[re.Pattern, bool]] = []
+        try:
+            lines = (context / ".dockerignore").read_text().splitlines()
+        except OSError:
+            return
+        for line in lines:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            neg = line.startswith("!")
+            pat = os.path.normpath(line.lstrip("!").strip().lstrip("/"))
+            rx = "".join(".*" if part == "**" else re.escape(part).replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+                         for part in re.split(r"(\*\*)", pat))
+            self.rules.append((re.compile(rf"^{rx}(/.*)?$"), neg))
+
+    def ignored(self, rel: str) -> bool:
+        result = False
+        for rx, neg in self.rules:
+            if rx.match(rel):
+                result = not neg
+        return result
+
+
+def _expand_sources(df: Path, step: BuildStep, context: Path, ignore: DockerIgnore) -> list[str]:
+    out: list[str] = []
+    ctx = os.path.realpath(context)
+    for src in step.sources:
+        norm = os.path.normpath(src.lstrip("/")) if src.strip("/") else "."
+        if norm == ".." or norm.startswith("../"):
+            raise SandboxError(f"{df}:{step.line}: COPY source {src!r} is outside the build context")
+        if any(ch in norm for ch in "*?["):
+            matches = sorted(m for m in globmod.glob(norm, root_dir=context) if not ignore.ignored(m))
+        else:
+            matches = [norm] if os.path.lexists(context / norm) else []
+        if not matches:
+            raise SandboxError(f"{df}:{step.line}: COPY source {src!r} not found in build context {context}")
+        for m in matches:
+            real = os.path.realpath(context / m)
+            if real != ctx and not real.startswith(ctx + os.sep):
+                raise SandboxError(f"{df}:{step.line}: COPY source {m!r} points outside the build context")
+        out.extend(matches)
+    return out
+
+
+def _run_step(df: Path, step: BuildStep, key: str, layer: Path, lowers: list[Path], context: Path,
+              sources: list[str], ignore: DockerIgnore, quiet: bool) -> dict:
+    tmp = layer.parent / f".tmp-{layer.name}-{secrets.token_hex(4)}"
+    diff = tmp / "diff"
+    diff.mkdir(parents=True)
+    t0 = time.monotonic()
+    try:
+        if step.kind == "run":
+            (tmp / "work").mkdir()
+            cfg = BoxConfig(state_dir=tmp, lowers=tuple(lowers), upper_dir=diff, work_dir=tmp / "work",
+                            network=True, hostname="buildkitsandbox")
+            env = {**BUILD_ENV, **dict(step.env)}
+            rc, tail = run_box(cfg, list(step.argv), env=env, cwd=step.workdir,
+                               stdin_data=step.stdin.encode() if step.stdin is not None else None,
+                               log_prefix="  | ", capture=quiet)
+            shutil.rmtree(tmp / "work", ignore_errors=True)
+            if rc != 0:
+                raise SandboxError(f"{df}:{step.line}: RUN failed with exit code {rc}: {step.text[:200]}\n"
+                                   f"--- last output ---\n{tail[-2000:]}")
+        elif step.kind == "workdir":
+            _ensure_dir(lowers, diff, step.dest, materialize=False)
+        else:
+            _copy_step(df, step, lowers, diff, context, sources, ignore)
+        empty = not any(os.scandir(diff))
+        meta = {"key": key, "kind": step.kind, "line": step.line, "text": step.text, "empty": empty,
+                "base": recipe_id(), "seconds": round(time.monotonic() - t0, 3), "created": time.time()}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        shutil.rmtree(tmp / "merged", ignore_errors=True)
+        try:
+            os.rename(tmp, layer)
+        except OSError:
+            existing = _read_meta(layer)  # another builder won the race
+            if existing is None:
+                raise
+            meta = existing
+        return meta
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- image lookups (overlay semantics over the layer stack) ---------------------------------------------------
+
+def _is_whiteout(st: os.stat_result) -> bool:
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def _opaque(path: Path) -> bool:
+    try:
+        return os.getxattr(path, "trusted.overlay.opaque") == b"y"
+    except OSError:
+        return False
+
+
+def lookup(lowers: list[Path], parts: list[str]) -> Path | None:
+    """Host path of the topmost entry for image path `parts` (components not resolved), or None."""
+    for layer in lowers:
+        cur, blocked = layer, False
+        for i, comp in enumerate(parts):
+            cur = cur / comp
+            try:
+                st = os.lstat(cur)
+            except (FileNotFoundError, NotADirectoryError):
+                break
+            if _is_whiteout(st):
+                return None
+            if i == len(parts) - 1:
+                return cur
+            if not stat.S_ISDIR(st.st_mode):
+                return None
+            blocked |= _opaque(cur)
+        else:
+            return layer
+        if blocked:
+            return None
+    return None
+
+
+def resolve(lowers: list[Path], path: str, follow_last: bool = True) -> list[str]:
+    """Canonical components of `path` in the image, following the image's symlinks (e.g. /bin -> usr/bin)."""
+    parts = [p for p in path.split("/") if p and p != "."]
+    out: list[str] = []
+    hops, i = 0, 0
+    while i < len(parts):
+        comp = parts[i]
+        if comp == "..":
+            if out:
+                out.pop()
+            i += 1
+            continue
+        host = lookup(lowers, out + [comp])
+        if host is not None and host.is_symlink() and (i < len(parts) - 1 or follow_last):
+            hops += 1
+            if hops > 40:
+                raise SandboxError(f"too many symlinks resolving {path} in the image")
+            target = os.readlink(host)
+            if target.startswith("/"):
+                out = []
+            parts = [p for p in target.split("/") if p and p != "."] + parts[i + 1 :]
+            i = 0
+            continue
+        out.append(comp)
+        i += 1
+    return out
+
+
+def _ensure_dir(lowers: list[Path], diff: Path, path: str, materialize: bool = True) -> list[str]:
+    """Make directory `path` exist in the image; returns its resolved components.
+
+    With `materialize`, the directories are also created in `diff` (copying the metadata of the ones that
+    exist below, as overlay copy-up would) so files can be written into them. Without it, a directory that
+    already exists in a lower layer leaves `diff` untouched.
+    """
+    parts = resolve(lowers, path)
+    if diff.joinpath(*parts).is_dir():
+        return parts
+    below = lookup(lowers, parts) if parts else lowers[-1]
+    if not materialize and below is not None and below.is_dir():
+        return parts
+    for j in range(len(parts)):
+        d = diff.joinpath(*parts[: j + 1])
+        if d.is_dir() and not d.is_symlink():
+            continue
+        if d.exists() or d.is_symlink():
+            d.unlink()
+        d.mkdir()
+        src = lookup(lowers, parts[: j + 1])
+        if src is not None and src.is_dir() and not src.is_symlink():
+            st = os.lstat(src)
+            os.chmod(d, stat.S_IMODE(st.st_mode))
+            os.lchown(d, st.st_uid, st.st_gid)
+        else:
+            os.chmod(d, 0o755)
+    return parts
+
+
+def _parse_owner(df: Path, step: BuildStep, lowers: list[Path]) -> tuple[int, int]:
+    if not step.chown:
+        return 0, 0
+    user, _, group = step.chown.partition(":")
+
+    def ident(name: str, db: str) -> int:
+        if name.isdigit():
+            return int(name)
+        host = lookup(lowers, ["etc", db])
+        for line in (host.read_text().splitlines() if host else []):
+            fields = line.split(":")
+            if fields and fields[0] == name and len(fields) > 2:
+                return int(fields[2])
+        raise SandboxError(f"{df}:{step.line}: --chown: no {'user' if db == 'passwd' else 'group'} {name!r} "
+                           "in the image")
+
+    uid = ident(user, "passwd")
+    gid = ident(group, "group") if group else uid
+    return uid, gid
+
+
+def _copy_step(df: Path, step: BuildStep, lowers: list[Path], diff: Path, context: Path, sources: list[str],
+               ignore: DockerIgnore) -> None:
+    uid, gid = _parse_owner(df, step, lowers)
+    mode = int(step.chmod, 8) if step.chmod else None
+    dest = step.dest
+    dest_parts = resolve(lowers, dest.rstrip("/") or "/")
+    existing = lookup(lowers, dest_parts) if dest_parts else None
+    to_dir = dest.endswith("/") or (existing is not None and existing.is_dir()) or not dest_parts
+    single_dir = len(sources) == 1 and not step.inline and (context / sources[0]).is_dir()
+    if to_dir or single_dir:
+        _ensure_dir(lowers, diff, "/" + "/".join(dest_parts))
+    else:
+        _ensure_dir(lowers, diff, "/" + "/".join(dest_parts[:-1]))
+
+    def place(data_from: Path | None, content: str | None, out: Path) -> None:
+        if out.is_dir() and not out.is_symlink():
+            shutil.rmtree(out)
+        elif out.exists() or out.is_symlink():
+            out.unlink()
+        if content is not None:
+            out.write_text(content)
+            os.chmod(out, 0o644)
+        else:
+            assert data_from is not None
+            shutil.copy2(data_from, out, follow_symlinks=False)
+        _own(out, uid, gid, mode)
+
+    target_dir = diff.joinpath(*dest_parts)
+    for name, content in step.inline:
+        place(None, content, target_dir / name if to_dir else target_dir)
+    for rel in sources:
+        src = context / rel
+        if src.is_dir():
+            base = target_dir
+            for path, r in _walk(src, rel, ignore):
+                sub = os.path.relpath(r, rel)
+                if sub == ".":
+                    continue  # the directory itself is not copied, only its contents
+                out = base / sub
+                if path.is_dir() and not path.is_symlink():
+                    if not out.is_dir():
+                        if out.exists() or out.is_symlink():
+                            out.unlink()
+                        out.mkdir()
+                    shutil.copystat(path, out)
+                    _own(out, uid, gid, mode)
+                else:
+                    place(path, None, out)
+        elif step.add and tarfile.is_tarfile(src):
+            _ensure_dir(lowers, diff, "/" + "/".join(dest_parts))
+            with tarfile.open(src) as tf:
+                tf.extractall(target_dir, filter="tar", numeric_owner=True)
+        else:
+            place(src.resolve(), None, target_dir / Path(rel).name if to_dir else target_dir)
+
+
+def _own(path: Path, uid: int, gid: int, mode: int | None) -> None:
+    os.lchown(path, uid, gid)
+    if mode is not None and not path.is_symlink():
+        os.chmod(path, mode)

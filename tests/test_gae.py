@@ -143,3 +143,12 @@ def test_explained_variance():
     assert float(explained_variance(-ret, ret, mask)) < 0
     assert math.isnan(float(explained_variance(ret, torch.ones_like(ret), mask)))
     assert math.isclose(float(masked_mean(ret, mask)), 2.0)
+
+
+def test_degenerate_shapes():
+    adv, ret = gae(torch.ones(2, 3), torch.ones(2, 3), torch.zeros(2, 3))
+    assert torch.all(adv == 0) and torch.all(ret == 0)
+    adv, _ = gae(torch.zeros(0, 4), torch.zeros(0, 4), torch.zeros(0, 4))
+    assert adv.shape == (0, 4)
+    with pytest.raises(ValueError, match="mask's shape"):
+        gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2, 3))

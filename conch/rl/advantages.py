@@ -92,11 +92,13 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
         v = values.to(dtype)
         b, t = m.shape
         order, valid = compact_sampled(m)
+        n_max = int(valid.sum(1).max()) if b else 0  # one sync; the scan then skips the all-padding tail
+        order, valid = order[:, :n_max], valid[:, :n_max]
         # Step index of every token: -1 before the first sampled token, else the index of the latest step.
         step = torch.cumsum(m.long(), dim=1) - 1
         rc = torch.zeros(b, t + 1, dtype=dtype, device=m.device)
         rc.scatter_add_(1, (step + 1).clamp(min=0), r)  # slot 0 collects the ignored pre-action rewards
-        rc = rc[:, 1:]
+        rc = rc[:, 1:n_max + 1]
         vc = torch.gather(v, 1, order) * valid
         v_next = torch.nn.functional.pad(vc[:, 1:], (0, 1))  # already 0 past the last valid step
         delta = (rc + gamma * v_next - vc) * valid

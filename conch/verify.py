@@ -171,9 +171,13 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
         )
 
     error = _diagnose(result.timed_out, result.exit_code, task, reward, reward_problem, n_total, len(static_ids))
+    if error and not result.timed_out and (last := _last_line(output)):
+        error = f"{error}; last output: {last}"
     if error:
         reward = None
         n_total = max(n_total, len(static_ids))
+    elif n_total == 0:  # no test ran (e.g. a reward-only verifier): the tests folder still sets the scale
+        n_total = len(static_ids)
     return VerifyResult(
         reward=reward,
         tests=tests,
@@ -186,6 +190,11 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
         exit_code=result.exit_code,
         details=details,
     )
+
+
+def _last_line(output: str, limit: int = 160) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return lines[-1][:limit] if lines else ""
 
 
 def _diagnose(

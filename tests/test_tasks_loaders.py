@@ -38,6 +38,9 @@ timeout_sec = 600
 cpus = 2
 memory = "4G"
 storage_mb = 5120
+
+[environment.env]
+GREETING = "hi"
 """
 
 
@@ -98,6 +101,7 @@ def test_harbor_task(tmp_path):
     assert task.metadata["custom_flag"] is True and task.metadata["metadata"]["difficulty"] == "easy"
     spec = task.sandbox_spec()
     assert spec.context_dir == task.context_dir and spec.limits == task.limits
+    assert task.env == {"GREETING": "hi"} and spec.env == {"GREETING": "hi"}
 
 
 def test_harbor_schema_versions_and_compose(tmp_path):

@@ -163,3 +163,13 @@ def test_tb1_verifier_env_and_separate_script(tmp_path):
     task = load_task(d)
     r = asyncio.run(_verify(task, setup="echo ok > /app/marker.txt"))
     assert (r.n_passed, r.n_total, r.reward, r.error) == (3, 3, None, None), r.output_tail
+
+
+def test_environment_env_reaches_verifier(tmp_path):
+    """[environment.env] is set for every command of the sandbox, [verifier.env] for the verifier only."""
+    task = harbor_task(tmp_path, 'test "$GREETING-$LEVEL" = hi-strict && echo 1 > /logs/verifier/reward.txt\n')
+    toml = task.path / "task.toml"
+    toml.write_text(toml.read_text() + '[verifier.env]\nLEVEL = "strict"\n[environment.env]\nGREETING = "hi"\n')
+    task = load_task(task.path)
+    r = asyncio.run(_verify(task, setup='test "$GREETING" = hi && test -z "$LEVEL"'))
+    assert (r.reward, r.error) == (1.0, None), r.output_tail

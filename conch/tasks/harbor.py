@@ -85,6 +85,7 @@ def _load(folder: Path) -> Task:
     agent_timeout = positive_number(toml_file, "[agent] timeout_sec", agent.get("timeout_sec"), DEFAULT_AGENT_TIMEOUT)
     limits = _limits(toml_file, environment)
     test_env = string_map(toml_file, "[verifier.env]", verifier.get("env"))
+    env = string_map(toml_file, "[environment.env]", environment.get("env"))
 
     instruction = read_text(folder / "instruction.md", "instruction (instruction.md)")
 
@@ -130,4 +131,5 @@ def _load(folder: Path) -> Task:
         limits=limits,
         test_env=test_env,
         metadata=doc,
+        env=env,
     )

@@ -26,6 +26,7 @@ class Task:
     - `solution_script`: host path of a shell solution (`solution/solve.sh`, TB1 `solution.sh`), or None.
     - `solution_commands`: a solution given as a command list (TB1 `solution.yaml`, synthesized tasks), or None.
     - `context_dir`/`dockerfile`/`compose_file`: the environment definition.
+    - `env`: environment for every command in the sandbox (Harbor `[environment.env]`).
     - `metadata`: everything else in task.toml/task.yaml, unknown keys kept.
     """
 
@@ -45,6 +46,7 @@ class Task:
     limits: Limits = field(default_factory=Limits)
     test_env: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
 
     def sandbox_spec(self):
         from conch.sandbox.base import SandboxSpec
@@ -54,6 +56,7 @@ class Task:
             context_dir=self.context_dir,
             dockerfile=self.dockerfile,
             compose_file=self.compose_file,
+            env=dict(self.env),
             limits=self.limits,
         )
 

@@ -22,6 +22,7 @@ import pytest
 from conch.sandbox import SandboxError, SandboxSpec, make_sandbox
 from conch.sandbox import docker_images as di
 from conch.sandbox.base import Limits
+from conch.sandbox.docker import gc as docker_gc
 
 REPO = Path(__file__).resolve().parents[1]
 CONCH = [sys.executable, "-m", "conch"]
@@ -351,7 +352,7 @@ def test_gc_removes_what_a_killed_run_left(app_env):
         sb = make_sandbox("docker", spec_for(app_env, "alive"))
         await sb.start()
         try:
-            report = di.gc()
+            report = docker_gc()
             return report, sb.container, _exists(sb.container)
         finally:
             await sb.stop()

@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -66,8 +66,18 @@ def _remove_live_containers() -> None:
 atexit.register(_remove_live_containers)
 
 
+def _proc_start(pid: int) -> str | None:
+    """Start time of process `pid` (clock ticks since boot), or None when it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def owner_label() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """`<host>:<pid>:<start time>` of this process, for `gc` to tell a crashed run from a live one."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_proc_start(os.getpid()) or ''}"
 
 
 async def _read_frames(reader: asyncio.StreamReader, sinks: dict[int, Any], feed: str = "feed") -> None:
@@ -404,4 +414,53 @@ def _extract_download(data: bytes, top: str, dest: Path) -> None:
             os.replace(got, dest)
 
 
-__all__ = ["DockerSandbox", "owner_label"]
+# ----------------------------------------------------------------------------------------------- gc
+
+
+@dataclass
+class GcReport:
+    containers: list[str] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)
+    kept_running: int = 0  # containers of live conch processes, left alone
+
+
+def _owner_alive(owner: str) -> bool:
+    """Whether the process named by an owner label still runs (pid reuse is caught by its start time)."""
+    host, pid, start = (owner.split(":") + ["", "", ""])[:3]
+    if host != socket.gethostname() or not pid.isdigit():
+        return True  # another machine's run (shared engine): not ours to judge
+    return _proc_start(int(pid)) not in (None, "") and (not start or _proc_start(int(pid)) == start)
+
+
+def gc(everything: bool = False, remove_images: bool = False) -> GcReport:
+    """Remove sandbox containers whose conch process is gone (all of them with `everything`), and with
+    `remove_images` the cached task environment images no container uses. The base image is always kept."""
+    import docker.errors
+
+    report = GcReport()
+    c = images.client()
+    try:
+        for ct in c.api.containers(all=True, filters={"label": f"{images.LABEL_KIND}=sandbox"}):
+            owner = (ct.get("Labels") or {}).get(images.LABEL_OWNER, "")
+            if not everything and _owner_alive(owner):
+                report.kept_running += 1
+                continue
+            try:
+                c.api.remove_container(ct["Id"], force=True)
+                report.containers.append((ct.get("Names") or [ct["Id"][:12]])[0].lstrip("/"))
+            except docker.errors.NotFound:
+                pass
+        if remove_images:
+            used = {ct["ImageID"] for ct in c.api.containers(all=True)}
+            for img in c.api.images(filters={"label": f"{images.LABEL_KIND}=env"}):
+                if img["Id"] in used:
+                    continue
+                for tag in img.get("RepoTags") or [img["Id"]]:
+                    try:
+                        c.api.remove_image(tag, noprune=False)
+                        report.images.append(tag)
+                    except docker.errors.APIError:
+                        pass  # used by a newer container, or a child image: keep
+    finally:
+        c.close()
+    return report

@@ -1,4 +1,4 @@
-"""Docker images for the `docker` sandbox: the offline base, task environment builds, and garbage collection.
+"""Docker images for the `docker` sandbox: the offline base and task environment builds.
 
 Why this exists: nothing can be pulled from a container registry here, yet task Dockerfiles start with
 `FROM python:3.13-slim-bookworm` or `FROM ghcr.io/laude-institute/t-bench/python-3-13`. So the base image is
@@ -85,8 +85,9 @@ def engine_problem(timeout: float = 5.0) -> str | None:
     return None
 
 
-def client(timeout: float = 600.0) -> Any:
-    """A docker SDK client, or SandboxError naming the engine address when none answers."""
+def client(timeout: float = 3600.0) -> Any:
+    """A docker SDK client, or SandboxError naming the engine address when none answers. `timeout` bounds one
+    read from the engine (a build step that prints nothing for that long fails)."""
     import docker
 
     try:
@@ -512,62 +513,3 @@ def runtime_env(image_env: dict[str, str]) -> dict[str, str]:
     from conch.sandbox import baseroot
 
     return {k: v for k, v in baseroot.RUNTIME_ENV.items() if k not in image_env}
-
-
-# ----------------------------------------------------------------------------------------------- gc
-
-
-@dataclass
-class GcReport:
-    containers: list[str] = field(default_factory=list)
-    images: list[str] = field(default_factory=list)
-    kept_running: int = 0  # containers of live conch processes, left alone
-
-
-def _owner_alive(owner: str) -> bool:
-    import socket
-
-    host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return True  # another machine's run (shared engine): not ours to judge
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def gc(everything: bool = False, images: bool = False) -> GcReport:
-    """Remove sandbox containers whose conch process is gone (all of them with `everything`), and with
-    `images` the cached task environment images no container uses. The base image is always kept."""
-    import docker.errors
-
-    report = GcReport()
-    c = client()
-    try:
-        for ct in c.api.containers(all=True, filters={"label": f"{LABEL_KIND}=sandbox"}):
-            owner = (ct.get("Labels") or {}).get(LABEL_OWNER, "")
-            if not everything and _owner_alive(owner):
-                report.kept_running += 1
-                continue
-            try:
-                c.api.remove_container(ct["Id"], force=True)
-                report.containers.append((ct.get("Names") or [ct["Id"][:12]])[0].lstrip("/"))
-            except docker.errors.NotFound:
-                pass
-        if images:
-            used = {ct["ImageID"] for ct in c.api.containers(all=True)}
-            for img in c.api.images(filters={"label": f"{LABEL_KIND}=env"}):
-                if img["Id"] in used:
-                    continue
-                for tag in img.get("RepoTags") or [img["Id"]]:
-                    try:
-                        c.api.remove_image(tag, noprune=False)
-                        report.images.append(tag)
-                    except docker.errors.APIError:
-                        pass  # used by a newer container, or a child image: keep
-    finally:
-        c.close()
-    return report

@@ -408,50 +408,83 @@ def _run_build(c: Any, tag: str, fileobj: io.BytesIO, labels: dict[str, str], wh
         raise SandboxError(f"building {what} failed: {exc}\n" + "\n".join(tail[-40:])) from exc
 
 
+@dataclass(frozen=True)
+class _Plan:
+    tag: str
+    dockerfile: GeneratedDockerfile
+    context: Path | None
+    paths: list[str]
+
+
+def _plan(c: Any, env: Environment, what: str, base_ref: str) -> _Plan | str:
+    """The content-hash tag and build inputs of `env`, or just the base reference when nothing is built."""
+    if env.dockerfile is None:
+        if env.image is None:
+            return base_ref
+        text, source, ctx = f"FROM {env.image}\n", f"{what} (compose image)", None
+    else:
+        try:
+            text = env.dockerfile.read_text()
+        except OSError as exc:
+            raise SandboxError(f"{env.dockerfile}: cannot read Dockerfile: {exc}") from exc
+        source, ctx = str(env.dockerfile), env.context_dir or env.dockerfile.parent
+    gen = generate_dockerfile(text, base_ref, source, lambda ref: _image_id(c, ref) is not None,
+                              build_args_for_standin())
+    announce_standins(gen.standins, base_ref, source)
+    paths: list[str] = []
+    if ctx is not None:
+        try:
+            rel = str(env.dockerfile.resolve().relative_to(ctx.resolve()))  # type: ignore[union-attr]
+        except ValueError:
+            rel = "Dockerfile"
+        paths = context_paths(ctx, rel)
+    h = hashlib.sha256(f"conch-env {GENERATION}\0".encode())
+    h.update(gen.text.encode())
+    for parent in gen.parents:
+        h.update(f"\0parent {parent} {_image_id(c, parent)}".encode())
+    if ctx is not None:
+        _hash_context(h, ctx, paths)
+    return _Plan(f"{TASK_REPO}:{h.hexdigest()[:24]}", gen, ctx, paths)
+
+
 def ensure_env_image(env: Environment, what: str, progress: Progress = _stderr) -> str:
     """The image reference for `env`, built (once, cached by content hash) if missing. `what` names it."""
     c = client()
     try:
-        base_ref = ensure_base_image(c, progress)
-        if env.dockerfile is None:
-            if env.image is None:
-                return base_ref
-            text, source, ctx = f"FROM {env.image}\n", f"{what} (compose image)", None
-        else:
-            try:
-                text = env.dockerfile.read_text()
-            except OSError as exc:
-                raise SandboxError(f"{env.dockerfile}: cannot read Dockerfile: {exc}") from exc
-            source, ctx = str(env.dockerfile), env.context_dir or env.dockerfile.parent
-
-        gen = generate_dockerfile(text, base_ref, source, lambda ref: _image_id(c, ref) is not None,
-                                  build_args_for_standin())
-        announce_standins(gen.standins, base_ref, source)
-        if ctx is not None:
-            try:
-                rel = str(env.dockerfile.resolve().relative_to(ctx.resolve()))  # type: ignore[union-attr]
-            except ValueError:
-                rel = "Dockerfile"
-            paths = context_paths(ctx, rel)
-        else:
-            paths = []
-        h = hashlib.sha256(f"conch-env {GENERATION}\0".encode())
-        h.update(gen.text.encode())
-        for parent in gen.parents:
-            h.update(f"\0parent {parent} {_image_id(c, parent)}".encode())
-        if ctx is not None:
-            _hash_context(h, ctx, paths)
-        tag = f"{TASK_REPO}:{h.hexdigest()[:24]}"
-        if _image_id(c, tag):
-            return tag
-        with _BuildLock(tag):
-            if _image_id(c, tag):
-                return tag
-            progress(f"conch: building image {tag} for {what}")
-            tar = _context_tar(ctx, paths, gen.text, build_ca_bundle())
+        plan = _plan(c, env, what, ensure_base_image(c, progress))
+        if isinstance(plan, str):
+            return plan
+        if _image_id(c, plan.tag):
+            return plan.tag
+        with _BuildLock(plan.tag):
+            if _image_id(c, plan.tag):
+                return plan.tag
+            progress(f"conch: building image {plan.tag} for {what}")
+            tar = _context_tar(plan.context, plan.paths, plan.dockerfile.text, build_ca_bundle())
             # LABEL_FROM_BASE is inherited from the base image by everything built on it
-            _run_build(c, tag, tar, {LABEL_KIND: "env", LABEL_TASK: what}, what, progress)
-        return tag
+            _run_build(c, plan.tag, tar, {LABEL_KIND: "env", LABEL_TASK: what}, what, progress)
+        return plan.tag
+    finally:
+        c.close()
+
+
+def remove_env_image(env: Environment, what: str) -> str | None:
+    """Delete the cached image of `env` (e.g. one a benchmark built for itself); its tag, or None if absent."""
+    import docker.errors
+
+    c = client()
+    try:
+        base_ref = base_tag()
+        if not _image_id(c, base_ref):
+            return None
+        plan = _plan(c, env, what, base_ref)
+        if isinstance(plan, str) or not _image_id(c, plan.tag):
+            return None
+        try:
+            c.api.remove_image(plan.tag)
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"cannot remove image {plan.tag}: {exc}") from exc
+        return plan.tag
     finally:
         c.close()
 

@@ -199,3 +199,42 @@ def test_keep_last_n_and_milestones(tmp_path):
     assert torch.equal(fresh.weight, other.weight)
     with pytest.raises(CheckpointError, match="no optimizer"):
         load_checkpoint(latest_complete(tmp_path), optimizer=torch.optim.SGD(fresh.parameters(), lr=0.1))
+
+
+class Critic(torch.nn.Module):
+    """Shaped like conch's value model: an HF backbone plus a scalar head, no save_pretrained of its own."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.backbone = tiny_model(seed).model
+        self.head = torch.nn.Linear(32, 1)
+
+    def forward(self, ids):
+        return self.head(self.backbone(input_ids=ids).last_hidden_state).squeeze(-1)
+
+
+def test_aux_model_and_named_optimizers(tmp_path):
+    policy, critic = tiny_model(0), Critic(1)
+    opts = {"policy": torch.optim.AdamW(policy.parameters(), lr=1e-3),
+            "critic": torch.optim.AdamW(critic.parameters(), lr=1e-3)}
+    ids = torch.randint(0, 64, (2, 8))
+    (policy(input_ids=ids, labels=ids).loss + critic(ids).pow(2).mean()).backward()
+    for o in opts.values():
+        o.step()
+    path = save_checkpoint(tmp_path, 5, policy, optimizer=opts, aux_models={"critic": critic})
+    assert (path / "aux" / "critic" / "state_dict.pt").is_file()
+
+    critic2 = Critic(7)
+    opts2 = {"policy": torch.optim.AdamW(tiny_model(3).parameters(), lr=1e-3),
+             "critic": torch.optim.AdamW(critic2.parameters(), lr=1e-3)}
+    load_checkpoint(path, optimizer=opts2, aux_models={"critic": critic2})
+    for p, q in zip(critic.parameters(), critic2.parameters()):
+        assert torch.equal(p, q)
+    saved = opts["critic"].state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(opts2["critic"].state_dict()["state"][0]["exp_avg"], saved)
+    with pytest.raises(CheckpointError, match="pass a dict"):
+        load_checkpoint(path, optimizer=opts2["policy"])
+    with pytest.raises(CheckpointError, match="no aux model 'ref'"):
+        load_checkpoint(path, aux_models={"ref": critic2})
+    with pytest.raises(CheckpointError, match=r"no optimizer state saved for \['ema'\]"):
+        load_checkpoint(path, optimizer={"ema": opts2["policy"]})

@@ -8,7 +8,8 @@ Layout under RUN_DIR/checkpoints/:
     model/                      HF format: model.save_pretrained + tokenizer.save_pretrained (loadable by
                                 conch.model.loading.load_policy and any HF tool); a plain nn.Module without
                                 save_pretrained is stored as model/state_dict.pt instead
-    trainer_state.pt            optimizer, scheduler, RNG states, iteration, `extra` (torch.save, plain data)
+    aux/<name>/                 further models (e.g. the critic), same format rules as model/
+    trainer_state.pt            optimizer(s), scheduler(s), RNG states, iteration, `extra` (torch.save, plain data)
     manifest.json               written last: format, iteration, every file with its size
   latest                        text file naming the newest published checkpoint ("iter-000012")
   .tmp-iter-000013-<pid>-<hex>/ a save in progress (or the debris of a crashed one, removed by the next save)
@@ -34,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -44,8 +45,10 @@ POINTER = "latest"
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "manifest.json"
 MODEL_DIR = "model"
+AUX_DIR = "aux"
 _NAME = re.compile(r"^iter-(\d{6,})$")
 
+Stateful = Any  # an object with state_dict()/load_state_dict(): optimizer, LR scheduler
 StageHook = Callable[[str, Path], None]  # (stage, temp dir): "model", "state", "manifest", "published"
 
 
@@ -252,11 +255,43 @@ def prune_checkpoints(run_dir: str | Path, keep: int, keep_every: int | None = N
     return removed
 
 
+def _states(obj: Stateful | Mapping[str, Stateful] | None) -> dict[str, Any] | None:
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return {"named": {name: o.state_dict() for name, o in obj.items()}}
+    return {"single": obj.state_dict()}
+
+
+def _restore(obj: Stateful | Mapping[str, Stateful], saved: dict[str, Any] | None, what: str, path: Path) -> None:
+    if saved is None:
+        raise CheckpointError(f"{path}: no {what} state was saved")
+    if isinstance(obj, Mapping):
+        named = saved.get("named")
+        if named is None:
+            raise CheckpointError(f"{path}: a single {what} was saved; pass one object, not a dict")
+        missing = sorted(set(obj) - set(named))
+        if missing:
+            raise CheckpointError(f"{path}: no {what} state saved for {missing} (saved: {sorted(named)})")
+        for name, o in obj.items():
+            o.load_state_dict(named[name])
+    else:
+        if "single" not in saved:
+            raise CheckpointError(f"{path}: {what} states were saved by name ({sorted(saved['named'])}); "
+                                  f"pass a dict")
+        obj.load_state_dict(saved["single"])
+
+
 def save_checkpoint(run_dir: str | Path, iteration: int, model: Any, *, tokenizer: Any = None,
-                    optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
-                    extra: dict[str, Any] | None = None, keep: int = 3, keep_every: int | None = None,
-                    overwrite: bool = False, on_stage: StageHook | None = None) -> Path:
+                    optimizer: Stateful | Mapping[str, Stateful] | None = None,
+                    scheduler: Stateful | Mapping[str, Stateful] | None = None,
+                    aux_models: Mapping[str, Any] | None = None, extra: dict[str, Any] | None = None,
+                    keep: int = 3, keep_every: int | None = None, overwrite: bool = False,
+                    on_stage: StageHook | None = None) -> Path:
     """Write checkpoint `iteration` atomically and return its path (RUN_DIR/checkpoints/iter-NNNNNN).
+
+    `optimizer` / `scheduler` may be one object or a dict by name ({"policy": ..., "critic": ...}); load them
+    back the same way. `aux_models` ({"critic": value_model}) are stored under aux/<name>/.
 
     `extra` is plain data (numbers, strings, lists, dicts, tensors) restored by `load_checkpoint`. `keep` newest
     checkpoints survive pruning, plus multiples of `keep_every`. An existing complete checkpoint of the same
@@ -274,12 +309,17 @@ def save_checkpoint(run_dir: str | Path, iteration: int, model: Any, *, tokenize
     tmp.mkdir()
     try:
         model_format = _save_model(model, tokenizer, tmp / MODEL_DIR)
+        aux_formats = {}
+        for aux_name, module in (aux_models or {}).items():
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", aux_name) or aux_name.startswith("."):
+                raise ValueError(f"aux model name {aux_name!r} must be a plain folder name")
+            aux_formats[aux_name] = _save_model(module, None, tmp / AUX_DIR / aux_name)
         if on_stage:
             on_stage("model", tmp)
         state = {
             "iteration": iteration,
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "optimizer": _states(optimizer),
+            "scheduler": _states(scheduler),
             "rng": rng_state(),
             "extra": extra or {},
         }
@@ -295,6 +335,7 @@ def save_checkpoint(run_dir: str | Path, iteration: int, model: Any, *, tokenize
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "model_format": model_format,
             "model_class": type(model).__name__,
+            "aux_models": aux_formats,
             "has_tokenizer": tokenizer is not None,
             "has_optimizer": optimizer is not None,
             "has_scheduler": scheduler is not None,
@@ -347,12 +388,15 @@ def _load_model_weights(model: Any, model_dir: Path, model_format: str) -> None:
                               f"unexpected {unexpected[:5]}")
 
 
-def load_checkpoint(path: str | Path, *, model: Any = None, optimizer: torch.optim.Optimizer | None = None,
-                    scheduler: Any = None, restore_rng: bool = True,
+def load_checkpoint(path: str | Path, *, model: Any = None,
+                    optimizer: Stateful | Mapping[str, Stateful] | None = None,
+                    scheduler: Stateful | Mapping[str, Stateful] | None = None,
+                    aux_models: Mapping[str, Any] | None = None, restore_rng: bool = True,
                     map_location: str | torch.device = "cpu") -> CheckpointInfo:
-    """Restore what is passed: model weights (into the given model, whose class must match), optimizer and
-    scheduler state, and the RNG states; returns the iteration and `extra`. The usual resume builds the model
-    with `conch.model.loading.load_policy(info.model_dir)` and passes only optimizer/scheduler here."""
+    """Restore what is passed: model weights (into the given model, whose class must match), aux models,
+    optimizer and scheduler state (same single/dict shape as saved), and the RNG states; returns the iteration
+    and `extra`. The usual resume builds the policy with `conch.model.loading.load_policy(info.model_dir)` and
+    passes only the optimizer/scheduler (and aux models) here. CheckpointError on anything inconsistent."""
     path = Path(path)
     manifest = read_manifest(path)
     try:
@@ -364,14 +408,15 @@ def load_checkpoint(path: str | Path, *, model: Any = None, optimizer: torch.opt
                               f"{manifest.get('iteration')} in {MANIFEST}")
     if model is not None:
         _load_model_weights(model, path / MODEL_DIR, manifest.get("model_format", "hf"))
+    saved_aux = manifest.get("aux_models", {})
+    for aux_name, module in (aux_models or {}).items():
+        if aux_name not in saved_aux:
+            raise CheckpointError(f"{path}: no aux model {aux_name!r} was saved (have: {sorted(saved_aux)})")
+        _load_model_weights(module, path / AUX_DIR / aux_name, saved_aux[aux_name])
     if optimizer is not None:
-        if state["optimizer"] is None:
-            raise CheckpointError(f"{path}: no optimizer state was saved")
-        optimizer.load_state_dict(state["optimizer"])
+        _restore(optimizer, state["optimizer"], "optimizer", path)
     if scheduler is not None:
-        if state["scheduler"] is None:
-            raise CheckpointError(f"{path}: no scheduler state was saved")
-        scheduler.load_state_dict(state["scheduler"])
+        _restore(scheduler, state["scheduler"], "scheduler", path)
     if restore_rng:
         set_rng_state(state["rng"])
     return CheckpointInfo(path=path, iteration=int(state["iteration"]), manifest=manifest,

@@ -152,3 +152,10 @@ def test_degenerate_shapes():
     assert adv.shape == (0, 4)
     with pytest.raises(ValueError, match="mask's shape"):
         gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2, 3))
+
+
+def test_values_before_tokens_shift():
+    from conch.rl.advantages import values_before_tokens
+
+    after = t([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    assert torch.equal(values_before_tokens(after), t([[0.0, 1.0, 2.0], [0.0, 4.0, 5.0]]))

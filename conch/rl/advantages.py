@@ -77,6 +77,13 @@ def discounted_reverse_cumsum(x: torch.Tensor, discount: float, block: int = 256
     return out.reshape(b, n_blocks * block)[:, :n]
 
 
+def values_before_tokens(values_after: torch.Tensor) -> torch.Tensor:
+    """Re-align a critic that reads position t as "the value once token t is in context" (a value head on the
+    hidden state of token t) to this module's convention, the value of the state in which token t is chosen:
+    out[:, t] = values_after[:, t - 1], out[:, 0] = 0. Use the shifted values for GAE and the value loss alike."""
+    return torch.nn.functional.pad(values_after[..., :-1], (1, 0))
+
+
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0,
         block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages [B, T], returns [B, T]) by GAE over sampled tokens (see the module docstring); both zero

@@ -117,7 +117,7 @@ class HFEngine:
         self._cond = threading.Condition()
         self._model_lock = threading.Lock()
         self._closing = False
-        self.stats = {"steps": 0, "tokens_fed": 0, "tokens_sampled": 0, "forward_seconds": 0.0}
+        self.stats = {"steps": 0, "tokens_fed": 0, "tokens_sampled": 0, "forward_seconds": 0.0, "max_step_requests": 0}
         self._worker = threading.Thread(target=self._run, name="conch-engine", daemon=True)
         self._worker.start()
 
@@ -293,6 +293,7 @@ class HFEngine:
         self.stats["forward_seconds"] += time.perf_counter() - t0
         self.stats["steps"] += 1
         self.stats["tokens_fed"] += len(ids)
+        self.stats["max_step_requests"] = max(self.stats["max_step_requests"], len(segs))
         for (req, seg, _), chunk in zip(segs, chunks):
             seg.kv.length += seg.n
             req.session.history.extend(chunk)

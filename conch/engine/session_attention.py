@@ -94,22 +94,26 @@ def session_attention(module, query, key, value, attention_mask, scaling=None, d
                            "belongs to an HFEngine (use a separate model object for training)")
     layer = module.layer_idx
     out = torch.empty_like(query)
-    gqa = query.shape[1] != key.shape[1]
+    heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[3]
+    groups = heads // kv_heads
     for seg in conch_batch.segments:
         kv, s, r, n = seg.kv, seg.start, seg.row0, seg.n
         kv.k[layer, :, s : s + n] = key[0, :, r : r + n]
         kv.v[layer, :, s : s + n] = value[0, :, r : r + n]
-        lo = 0
-        if sliding_window and n == 1:
-            lo = max(0, s + 1 - sliding_window)
+        lo = max(0, s + 1 - sliding_window) if sliding_window and n == 1 else 0
         k = kv.k[layer, :, lo : s + n].unsqueeze(0)
         v = kv.v[layer, :, lo : s + n].unsqueeze(0)
         q = query[:, :, r : r + n]
         if n > 1 and s == 0 and not sliding_window:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=groups > 1)
         else:
+            # GQA without copying K/V: fold each KV head's query heads into the query axis (row j*n+t is
+            # query head j of the group at token t); the mask is per query row, so it is tiled `groups` times.
+            qf = q.reshape(1, kv_heads, groups * n, dim)
             mask = seg.mask(sliding_window) if n > 1 else None
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+            if mask is not None and groups > 1:
+                mask = mask.repeat(groups, 1)
+            o = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask, scale=scaling).view(1, heads, n, dim)
         out[:, :, r : r + n] = o
     return out.transpose(1, 2), None
 

@@ -13,14 +13,17 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# Sizes. tiny ≈ 7M parameters (fast CPU tests), small ≈ 60M (CPU experiments).
+# Sizes. tiny ≈ 5.6M parameters (fast CPU tests), small ≈ 60M (CPU experiments). tiny uses one KV head of
+# width 32 (multi-query attention): 1 KiB of fp32 cache per token, so a 300-turn, 16k-token session costs 16 MiB
+# and decode attention stays cheap next to the rest of a step on CPU (see `conch bench horizon`).
 SIZES: dict[str, dict] = {
-    "tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+    "tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
                  moe_intermediate_size=128, intermediate_size=512, num_experts=8, num_experts_per_tok=2),
     "small": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
                   moe_intermediate_size=256, intermediate_size=1024, num_experts=16, num_experts_per_tok=2),
 }
 MAX_POSITIONS = 32768  # enough for 300-turn conversations
+INIT_VERSION = 2  # bump when SIZES or the tokenizer corpus change: cached models are keyed by it
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,7 @@ def cached_model(size: str = "tiny", seed: int = 0) -> Path:
     import os
     import tempfile
 
-    target = conch_home() / "models" / f"{size}-seed{seed}"
+    target = conch_home() / "models" / f"{size}-seed{seed}-v{INIT_VERSION}"
     if (target / "conch_init.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

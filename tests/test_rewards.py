@@ -86,3 +86,22 @@ def test_unknown_mode():
 def test_device_and_dtype():
     r = token_rewards(make_traj(), "count", device="cpu", dtype=torch.float64)
     assert r.dtype == torch.float64 and r.device.type == "cpu"
+
+
+def test_partition_batch_rewards_and_metrics():
+    from conch.rl.rewards import batch_rewards, partition, reward_metrics
+
+    good = make_traj(n_passed=5, n_total=5)
+    short = Trajectory(task="s", sample=1, tokens=[1, 2, 3], mask=[0, 1, 1], n_passed=1, n_total=2)
+    bad = make_traj(verifier_error="timeout")
+    kept, excluded = partition([good, bad, short])
+    assert kept == [good, short] and excluded[0][0] is bad and "verifier" in excluded[0][1]
+    r = batch_rewards(kept, "fraction")
+    assert r.shape == (2, 15)
+    assert r[0, 13] == 1.0 and r[1, 2] == 0.5 and float(r.sum()) == 1.5
+    with pytest.raises(ValueError, match="partition"):
+        batch_rewards([good, bad])
+    m = reward_metrics([good, bad, short], "count")
+    assert m["reward/scored"] == 2 and m["reward/excluded"] == 1 and m["reward/excluded_verifier"] == 1
+    assert m["reward/mean"] == pytest.approx(3.0) and m["reward/pass_all"] == pytest.approx(0.5)
+    assert m["reward/test_fraction_mean"] == pytest.approx(0.75)

@@ -116,3 +116,51 @@ def token_rewards(traj: "Trajectory", mode: str = "count", device: torch.device 
     for idx, value in placements:
         out[idx] += value
     return out if device is None else out.to(device)
+
+
+def partition(trajs: "list[Trajectory]") -> "tuple[list[Trajectory], list[tuple[Trajectory, str]]]":
+    """(scoreable, [(excluded, reason)]): filter before building a training batch."""
+    kept, excluded = [], []
+    for tr in trajs:
+        why = exclusion_reason(tr)
+        if why is None:
+            kept.append(tr)
+        else:
+            excluded.append((tr, why))
+    return kept, excluded
+
+
+def batch_rewards(trajs: "list[Trajectory]", mode: str = "count", length: int | None = None,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+    """[B, length] rewards (length defaults to the longest trajectory; right padding is zero), aligned with a
+    right-padded batch of the same trajectories. Raises ValueError on an excluded trajectory (filter with
+    `partition` first: an excluded trajectory has no reward, not a zero one)."""
+    width = max((len(tr.tokens) for tr in trajs), default=0) if length is None else length
+    out = torch.zeros(len(trajs), width)
+    for b, tr in enumerate(trajs):
+        row = token_rewards(tr, mode)
+        if row is None:
+            raise ValueError(f"trajectory {tr.task}#{tr.sample} is excluded ({exclusion_reason(tr)}); "
+                             f"filter with partition() before batch_rewards")
+        if row.numel() > width:
+            raise ValueError(f"trajectory {tr.task}#{tr.sample} has {row.numel()} tokens, more than length {width}")
+        out[b, :row.numel()] = row
+    return out if device is None else out.to(device)
+
+
+def reward_metrics(trajs: "list[Trajectory]", mode: str = "count") -> dict[str, float]:
+    """`reward/` metrics over a rollout batch: means over scored trajectories, counts of excluded ones."""
+    kept, excluded = partition(trajs)
+    n = len(kept)
+    out: dict[str, float] = {
+        "reward/scored": float(n),
+        "reward/excluded": float(len(excluded)),
+        "reward/excluded_verifier": float(sum(1 for _, why in excluded if why.startswith("verifier error"))),
+        "reward/excluded_episode": float(sum(1 for _, why in excluded if why.startswith("episode error"))),
+    }
+    if n:
+        out["reward/mean"] = sum(scalar_reward(tr, mode) or 0.0 for tr in kept) / n
+        out["reward/pass_all"] = sum(1.0 for tr in kept if tr.n_passed == tr.n_total) / n
+        out["reward/tests_passed_mean"] = sum(tr.n_passed for tr in kept) / n
+        out["reward/test_fraction_mean"] = sum(tr.n_passed / tr.n_total for tr in kept) / n
+    return out

@@ -33,6 +33,7 @@ def test_gradient_only_through_sampled_tokens():
                             sampler_logp=old.nan_to_num(0.0))
     total.backward()
     assert torch.isfinite(total)
+    assert all(math.isfinite(v) for v in stats.to_dict().values())
     off = mask == 0
     for grad in (new.grad, values.grad, ent.grad):
         assert torch.all(grad[off] == 0)

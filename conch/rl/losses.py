@@ -54,7 +54,8 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token-me
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     m = _maskf(mask, x)
-    return (x * m).sum() / m.sum().clamp(min=1.0)
+    kept = torch.where(m > 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return kept.sum() / m.sum().clamp(min=1.0)
 
 
 def tis_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
@@ -134,9 +135,10 @@ def policy_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torc
     L = min(L, -A * c). Multiplied by `is_weights` (TIS) when given, then aggregated."""
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (it bounds the loss at c * |A|); got {dual_clip}")
-    m = _maskf(mask, new_logp)
-    adv = advantages.to(new_logp.dtype).detach()
-    log_ratio = (new_logp - old_logp.detach()).clamp(-20.0, 20.0)
+    # float32 throughout: a bf16 ratio is too coarse to see a 0.2 clip boundary clearly.
+    log_ratio = (new_logp.float() - old_logp.detach().float()).clamp(-20.0, 20.0)
+    m = _maskf(mask, log_ratio)
+    adv = advantages.detach().float()
     ratio = torch.exp(log_ratio)
     loss1 = -adv * ratio
     loss2 = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -166,14 +168,15 @@ def policy_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torc
 
 def _value_per_token(values: torch.Tensor, old_values: torch.Tensor | None, returns: torch.Tensor,
                      mask: torch.Tensor, clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    ret = returns.to(values.dtype).detach()
-    err = (values - ret) ** 2
+    v = values.float()
+    ret = returns.detach().float()
+    err = (v - ret) ** 2
     if clip is None:
         return 0.5 * err, torch.zeros((), device=values.device)
     if old_values is None:
         raise ValueError("value clipping needs old_values (pass clip=None for an unclipped value loss)")
-    old = old_values.to(values.dtype).detach()
-    v_clip = old + torch.clamp(values - old, -clip, clip)
+    old = old_values.detach().float()
+    v_clip = old + torch.clamp(v - old, -clip, clip)
     err_clip = (v_clip - ret) ** 2
     with torch.no_grad():
         frac = masked_mean((err_clip > err).float(), mask)

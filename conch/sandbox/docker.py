@@ -22,6 +22,7 @@ import re
 import shutil
 import socket
 import struct
+import sys
 import tarfile
 import tempfile
 import threading
@@ -48,6 +49,7 @@ async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(_API_POOL, functools.partial(fn, *args, **kwargs))
 
 
+_storage_opt_ok = True  # until the engine refuses a disk quota once
 _live: dict[str, Any] = {}  # container name -> docker client, for the exit-time safety net
 _live_lock = threading.Lock()
 
@@ -266,23 +268,27 @@ class DockerSandbox:
     def _create_and_start(self) -> None:
         import docker.errors
 
+        global _storage_opt_ok
         api, lim = self._client.api, self.spec.limits
-        host_config = api.create_host_config(
-            network_mode="none",
-            nano_cpus=int(lim.cpus * 1e9),
-            mem_limit=f"{lim.memory_mb}m",
-            memswap_limit=f"{lim.memory_mb}m",
-            pids_limit=lim.pids,
-            init=True,
-        )
+        config = dict(network_mode="none", nano_cpus=int(lim.cpus * 1e9), mem_limit=f"{lim.memory_mb}m",
+                      memswap_limit=f"{lim.memory_mb}m", pids_limit=lim.pids, init=True)
+        labels = {images.LABEL_KIND: "sandbox", images.LABEL_TASK: self.name, images.LABEL_OWNER: owner_label()}
         try:
-            api.create_container(
-                self.image, name=self.container, entrypoint=["sleep", "infinity"], detach=True,
-                environment=self._env, working_dir=self._workdir, host_config=host_config,
-                labels={images.LABEL_KIND: "sandbox", images.LABEL_TASK: self.name,
-                        images.LABEL_OWNER: owner_label()},
-                network_disabled=True,
-            )
+            while True:
+                # A disk quota needs overlay2 on xfs with pquota; elsewhere the engine refuses it: say so once.
+                storage = {"storage_opt": {"size": f"{lim.storage_mb}m"}} if _storage_opt_ok else {}
+                try:
+                    api.create_container(
+                        self.image, name=self.container, entrypoint=["sleep", "infinity"], detach=True,
+                        environment=self._env, working_dir=self._workdir, labels=labels, network_disabled=True,
+                        host_config=api.create_host_config(**config, **storage))
+                    break
+                except docker.errors.APIError as exc:
+                    if not storage or "storage-opt" not in str(exc).lower():
+                        raise
+                    _storage_opt_ok = False
+                    print(f"conch: warning: the Docker engine cannot limit container disk size here ({exc.explanation});"
+                          " storage limits are not enforced by the docker backend", file=sys.stderr, flush=True)
             api.start(self.container)
         except docker.errors.APIError as exc:
             raise SandboxError(f"sandbox {self.name}: cannot start a container from {self.image}: {exc}") from exc

@@ -384,7 +384,13 @@ class Rand:
             seq[i], seq[j] = seq[j], seq[i]
 
     def word(self, n=6, alphabet="abcdefghijklmnopqrstuvwxyz"):
-        return "".join(self.choice(alphabet) for _ in range(n))
+        out = []
+        while len(out) < n:
+            v = self.u()
+            for _ in range(min(6, n - len(out))):  # 6 draws use at most 36 of the 64 bits (alphabets <= 64)
+                v, k = divmod(v, len(alphabet))
+                out.append(alphabet[k])
+        return "".join(out)
 
 
 def materialize(root, plan):

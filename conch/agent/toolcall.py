@@ -16,28 +16,6 @@ TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 OPEN_TAG = "<tool_call>"
 TOOLS = ("bash", "submit")
 
-BASH_TOOL_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Run a command in a persistent bash shell and return its output and exit code.",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string", "description": "the command to run"}},
-            "required": ["command"],
-        },
-    },
-}
-SUBMIT_TOOL_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "submit",
-        "description": "Declare the task finished.",
-        "parameters": {"type": "object", "properties": {}},
-    },
-}
-
-
 class ToolCallError(ValueError):
     """A tool call that cannot be executed; the message is shown to the model."""
 

@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
     from conch.agent.loop import AgentConfig
     from conch.agent.rollout import progress_printer, run_rollouts, summarize
     from conch.agent.tito import ChatCodec
-    from conch.agent.toolcall import BASH_TOOL_SCHEMA
     from conch.engine.hf import HFEngine
+    from conch.tasks.synth.trajectories import BASH_TOOL
     from conch.model.init import cached_model
 
     model_dir = Path(args.model) if args.model else cached_model()
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> int:
         engine = HFEngine(model_dir, dtype=args.dtype, max_batch=args.concurrency)
         try:
-            codec = ChatCodec(engine.tokenizer, tools=[BASH_TOOL_SCHEMA])
+            codec = ChatCodec(engine.tokenizer, tools=[BASH_TOOL])
             total = len(tasks) * args.n_per_task
             print(f"rollout: {total} trajectories, concurrency {args.concurrency}, model {model_dir}", file=sys.stderr)
             trajs, stats = await run_rollouts(

@@ -66,19 +66,29 @@ def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 1024) -
 def policy_forward(
     model: Any, batch: Batch, replay: bool, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Trainer log-probs [B, T], entropies [B, T] and (with replay) the trainer's own expert choices."""
-    from contextlib import nullcontext
+    """Trainer log-probs [B, T], entropies [B, T] and the trainer's own expert choices [B, T, layers, k]
+    (what its router would pick, also while replaying; None for dense models)."""
+    from contextlib import ExitStack
 
-    from conch.moe.routing import RoutingReplay, replay_routing
+    from conch.moe.routing import RoutingReplay, capture_routing, moe_layer_count, replay_routing
 
-    state = RoutingReplay(batch.experts) if (replay and batch.experts is not None) else None
-    ctx = replay_routing(model, state) if state is not None else nullcontext()
-    with ctx:
+    B, T = batch.ids.shape
+    own = None
+    with ExitStack() as stack:
+        state = cap = None
+        if replay and batch.experts is not None:
+            state = stack.enter_context(replay_routing(model, RoutingReplay(batch.experts)))
+        elif moe_layer_count(model):
+            cap = stack.enter_context(capture_routing(model))
         logits = model(input_ids=batch.ids, attention_mask=batch.attn).logits
+        if state is not None:
+            own = state.own_experts().long()
+        elif cap is not None:
+            got = cap.take()
+            own = got.long().view(B, T, got.shape[1], got.shape[2])
     if temperature != 1.0:
         logits = logits / temperature
     lp, ent = token_logprobs(logits, batch.ids)
-    own = state.own_experts() if state is not None else None
     return lp, ent, own
 
 

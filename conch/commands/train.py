@@ -1,0 +1,48 @@
+"""`conch train`: warm-started PPO for a terminal agent (the main job). See conch/rl/train.py for the algorithm."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train an agent: corpus, SFT warm start, critic warm-up, PPO", description=__doc__)
+    p.add_argument("--config", help="TOML config file (see `conch config show`)")
+    p.add_argument("--out", help="run folder (metrics.jsonl, checkpoints, summary.json)")
+    p.add_argument("--resume", metavar="RUNDIR", help="continue a run from its last complete stage/iteration")
+    p.add_argument("--json", action="store_true", help="print summary.json to stdout at the end")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    from pathlib import Path
+
+    from conch.cli import UsageError
+    from conch.config import ConfigError, load_config
+
+    if bool(args.out) == bool(args.resume):
+        raise UsageError("give exactly one of --out RUNDIR (new run) or --resume RUNDIR")
+    try:
+        if args.resume:
+            run_dir = Path(args.resume)
+            if not (run_dir / "config.toml").exists():
+                raise UsageError(f"{run_dir}: not a conch run folder (no config.toml)")
+            cfg = load_config(args.config or run_dir / "config.toml", args.overrides)
+        else:
+            run_dir = Path(args.out)
+            if (run_dir / "config.toml").exists():
+                raise UsageError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
+            cfg = load_config(args.config, args.overrides)
+        from conch.rl.train import summary_table, train
+
+        summary = train(cfg, run_dir)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    print(summary_table(summary), file=sys.stderr)
+    print(f"summary: {run_dir / 'summary.json'}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(summary))
+    return 0

@@ -38,9 +38,11 @@ UV_PIN = "uv==0.13.9"
 # Marker-conditional dependencies of pytest: not installed on 3.11, but `uv add`/`uv lock` resolve for every
 # Python version and need their metadata.
 UNIVERSAL_EXTRAS = ("colorama==0.4.6", "exceptiongroup==1.3.2", "tomli==2.5.0", "typing_extensions==4.16.0")
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 WHEELS_IN_ROOT = "/opt/conch/wheels"
 STAMP_IN_ROOT = "opt/conch/base.json"
+# Offline, apt's retries with back-off make every `apt-get update` of a verifier script wait ~7 s for nothing.
+APT_OFFLINE_CONF = "/opt/conch/apt-offline.conf"
 
 # Default environment of every local sandbox (agent shells, exec, verifier). Offline package tools resolve from
 # the wheelhouse; pip may install into the system python like in the python:* images.
@@ -58,6 +60,7 @@ RUNTIME_ENV = {
     "UV_FIND_LINKS": WHEELS_IN_ROOT,
     "UV_PYTHON_DOWNLOADS": "never",
     "UV_PYTHON_PREFERENCE": "only-system",
+    "APT_CONFIG": APT_OFFLINE_CONF,
 }
 # Environment of Dockerfile RUN steps (they have network).
 BUILD_ENV = {
@@ -178,6 +181,7 @@ def _configure(root: Path) -> None:
                 entry.unlink()
     for d in ("logs/agent", "logs/verifier", "root/.local/bin", "opt/conch"):
         (root / d).mkdir(parents=True, exist_ok=True)
+    (root / APT_OFFLINE_CONF.lstrip("/")).write_text('Acquire::Retries "0";\n')
     env_script = root / "root/.local/bin/env"
     env_script.write_text(_UV_ENV_SCRIPT)
     env_script.chmod(0o755)
@@ -233,14 +237,36 @@ def _install_toolchain(root: Path, tmp: Path, wheels: Path, quiet: bool) -> None
 
 
 def _publish(root: Path, base: Path) -> None:
+    """Rename the new root into place. A previous root is only moved aside: running sandboxes may still have
+    it as their overlay's lowest layer; `gc_old_roots` deletes it later."""
     final = root_path()
-    old = None
     if final.exists():
-        old = base / f".old-{secrets.token_hex(4)}"
-        os.rename(final, old)
+        os.rename(final, base / f".old-{int(time.time())}-{secrets.token_hex(4)}")
     os.rename(root, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+
+
+def gc_old_roots(min_age_s: float = 3600.0) -> list[str]:
+    """Delete base roots replaced more than `min_age_s` ago and build folders of crashed builds."""
+    removed = []
+    base = paths.base_dir()
+    for entry in base.glob(".old-*") if base.is_dir() else []:
+        if time.time() - entry.stat().st_mtime > min_age_s:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry.name)
+    for tar in base.glob("rootfs-*.tar") if base.is_dir() else []:
+        if tar.name != f"rootfs-{recipe_id()}.tar":
+            tar.unlink(missing_ok=True)
+            removed.append(tar.name)
+    if base.is_dir():
+        with open(base / "build.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return removed  # a build is running
+            for entry in base.glob(".build-*"):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry.name)
+    return removed
 
 
 def rootfs_tarball() -> Path:

@@ -30,10 +30,10 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _warned: set[str] = set()
 
 
-def warn_once(key: str, message: str) -> None:
+def warn_once(key: str, message: str, kind: str = "warning") -> None:
     if key not in _warned:
         _warned.add(key)
-        print(f"conch: warning: {message}", file=sys.stderr)
+        print(f"conch: {kind}: {message}", file=sys.stderr)
 
 
 def require_host() -> None:

@@ -56,10 +56,10 @@ def build_image(context: Path | None, dockerfile: Path | None, quiet: bool = Fal
     if not context.is_dir():
         raise SandboxError(f"build context {context} is not a directory")
     p = plan(parse(dockerfile))
-    warn_once(f"from:{dockerfile}", f"note: {dockerfile}: FROM {p.config.base_image} runs on the local Debian "
-                                    f"{'bookworm'} base root (use --sandbox docker for the exact image)")
+    warn_once(f"from:{dockerfile}", f"{dockerfile}: FROM {p.config.base_image} runs on the local Debian bookworm "
+                                    "base root (use --sandbox docker for the exact image)", kind="note")
     for note in p.notes:
-        warn_once(note, note)
+        warn_once(note, note, kind="note")
     return _build(p, context, root, quiet)
 
 

@@ -39,6 +39,8 @@ _MARKER_RE = re.compile(rb"\0CONCH([0-9a-f]{16}):(\d{1,3})\n")
 _MARKER_MAXLEN = len(_MARK) + 16 + 1 + 3 + 1
 _READ_SIZE = 1 << 16
 _GRACE_S = 1.0  # wait per escalation level after a timeout
+# Interactive bash without a terminal prints this after a foreground job dies of a signal: noise, dropped.
+_TCSETATTR_RE = re.compile(rb"bash: \[\d+: \d+ \(\d+\)\] tcsetattr: Inappropriate ioctl for device\n")
 
 
 class CappedBuffer:
@@ -216,8 +218,9 @@ _BOOTSTRAP = (
 )
 
 # Signal the session's running command. S: the shell's pid (= its process group), L: the level.
+# Background jobs of a shell without job control ignore SIGINT and SIGQUIT (POSIX); that tells them apart.
 # 1: SIGINT to the shell's process group and to descendants in other groups that do not ignore SIGINT.
-# 2: SIGKILL to descendants that do not ignore SIGINT (foreground work; background jobs ignore SIGINT).
+# 2: SIGKILL to descendants that are not background jobs (foreground work that survived SIGINT).
 # 3: SIGKILL to every descendant.
 CONTROL_SCRIPT = r"""
 declare -A PP PG
@@ -231,10 +234,10 @@ for p in "${!PP[@]}"; do
   while [ -n "$q" ] && [ "$q" -gt 1 ] && [ $n -lt 64 ]; do [ "$q" = "$S" ] && { d=1; break; }; q=${PP[$q]}; n=$((n+1)); done
   [ $d = 1 ] || continue
   ign=0
-  while read -r k v; do [ "$k" = SigIgn: ] && { (( 16#$v & 2 )) && ign=1; break; }; done < "/proc/$p/status" 2>/dev/null
+  while read -r k v; do [ "$k" = SigIgn: ] && { ign=$(( 16#$v & 6 )); break; }; done < "/proc/$p/status" 2>/dev/null
   case $L in
-    1) [ $ign = 0 ] && [ "${PG[$p]}" != "$S" ] && kill -INT "$p" 2>/dev/null ;;
-    2) [ $ign = 0 ] && kill -KILL "$p" 2>/dev/null ;;
+    1) [ $(( ign & 2 )) = 0 ] && [ "${PG[$p]}" != "$S" ] && kill -INT "$p" 2>/dev/null ;;
+    2) [ "$ign" != 6 ] && kill -KILL "$p" 2>/dev/null ;;
     *) kill -KILL "$p" 2>/dev/null ;;
   esac
 done
@@ -316,6 +319,7 @@ class PersistentShell:
                 done = await self._interrupt(tokens)
             out, out_trunc, rc = self._out.take(tokens)
             err, err_trunc, _ = self._err.take(tokens)
+            err = _TCSETATTR_RE.sub(b"", err)
             if self._out.eof and self._err.eof and not done:
                 status = await self.transport.terminate()
                 self._dead = "the shell exited" if not timed_out else "the shell did not recover from a timeout"

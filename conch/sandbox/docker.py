@@ -440,7 +440,8 @@ def _owner_alive(owner: str) -> bool:
 
 def gc(everything: bool = False, remove_images: bool = False) -> GcReport:
     """Remove sandbox containers whose conch process is gone (all of them with `everything`), and with
-    `remove_images` the cached task environment images no container uses. The base image is always kept."""
+    `remove_images` the cached task environment images and the bases of older recipes that no container uses.
+    The current base image is kept."""
     import docker.errors
 
     report = GcReport()
@@ -467,6 +468,15 @@ def gc(everything: bool = False, remove_images: bool = False) -> GcReport:
                         report.images.append(tag)
                     except docker.errors.APIError:
                         pass  # used by a newer container, or a child image: keep
+            current = images.base_tag()
+            for img in c.api.images(name=images.BASE_REPO):
+                for tag in img.get("RepoTags") or []:
+                    if tag not in (current, f"{images.BASE_REPO}:latest") and img["Id"] not in used:
+                        try:  # a base of an older recipe
+                            c.api.remove_image(tag)
+                            report.images.append(tag)
+                        except docker.errors.APIError:
+                            pass
     finally:
         c.close()
     return report

@@ -343,6 +343,7 @@ def test_ctrl_c_removes_the_container(app_env):
 
 
 def test_gc_removes_what_a_killed_run_left(app_env):
+    """`conch sandbox gc` (real CLI) removes the container of a SIGKILLed run and keeps a live run's."""
     proc, name = _start_child(app_env)
     proc.kill()  # SIGKILL: no clean-up ran
     proc.wait(timeout=30)
@@ -352,14 +353,17 @@ def test_gc_removes_what_a_killed_run_left(app_env):
         sb = make_sandbox("docker", spec_for(app_env, "alive"))
         await sb.start()
         try:
-            report = docker_gc()
-            return report, sb.container, _exists(sb.container)
+            gc = await asyncio.to_thread(subprocess.run, [*CONCH, "sandbox", "gc"], capture_output=True, text=True,
+                                         cwd=REPO, timeout=120)
+            return gc, sb.container, _exists(sb.container)
         finally:
             await sb.stop()
 
-    report, alive, alive_kept = run(live_one())
-    assert name in report.containers and alive not in report.containers and alive_kept
+    gc, alive, alive_kept = run(live_one())
+    assert gc.returncode == 0, gc.stderr
+    assert f"removed docker container {name}" in gc.stdout and alive not in gc.stdout and alive_kept
     assert not _exists(name)
+    assert docker_gc().containers == []  # nothing left to remove
 
 
 def _check(backend: str, agent: str) -> list[dict]:

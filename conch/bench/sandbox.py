@@ -22,7 +22,7 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", action="append", choices=("local", "docker"),
-                        help="backend to measure (repeatable; default: local)")
+                        help="backend to measure (repeatable; default: local, plus docker when an engine answers)")
     parser.add_argument("--roundtrips", type=int, default=200, help="shell round trips of `true` (default: 200)")
     parser.add_argument("--spawns", type=int, default=50, help="one-shot execs of `true` (default: 50)")
     parser.add_argument("--starts", type=int, default=5, help="cached starts to time (default: 5)")
@@ -33,8 +33,12 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def _cleanup(backend: str, nonce: str) -> None:
+def _cleanup(backend: str, nonce: str, spec=None) -> None:
     """Drop the image layers the cold start built (they are unique to this run)."""
+    if backend == "docker" and spec is not None:
+        from conch.sandbox.docker_images import environment_of, remove_env_image
+
+        remove_env_image(environment_of(spec.context_dir, spec.dockerfile, None), spec.name)
     if backend == "local":
         import shutil
 
@@ -101,7 +105,7 @@ async def measure(backend: str, roundtrips: int = 200, spawns: int = 50, starts:
             finally:
                 await box.stop()
         finally:
-            _cleanup(backend, nonce)
+            _cleanup(backend, nonce, spec)
     return {
         "start_ms_cached": round(statistics.median(cached), 2),
         "start_ms_cold": round(cold, 2),
@@ -137,7 +141,15 @@ def run(args: argparse.Namespace) -> int:
     if min(args.roundtrips, args.spawns, args.starts) < 1:
         raise UsageError("--roundtrips, --spawns and --starts must be at least 1")
     results: dict[str, dict[str, float]] = {}
-    for backend in args.backend or ["local"]:
+    backends = args.backend
+    if not backends:  # both when an engine answers
+        from conch.sandbox.docker_images import engine_problem
+
+        problem = engine_problem(timeout=3.0)
+        backends = ["local"] if problem else ["local", "docker"]
+        if problem:
+            print(f"conch bench sandbox: docker skipped ({problem})", file=sys.stderr)
+    for backend in backends:
         print(f"conch bench sandbox: measuring {backend}...", file=sys.stderr)
         try:
             results[backend] = asyncio.run(measure(backend, args.roundtrips, args.spawns, args.starts))

@@ -3,6 +3,8 @@
 `--local` builds the Debian bookworm base root of the local (bubblewrap) backend under CONCH_HOME, with the
 offline verifier toolchain (pytest, pytest-json-ctrf, uv). It is idempotent: seconds when already built.
 `--tarball` also writes the root as a tar (e.g. for `docker import`) and prints its path.
+`--docker` imports that same root (built first when missing) as the docker backend's base image
+`conch/base:<recipe id>`, so both backends run the same toolchain; `--force` re-imports it.
 Backends are listed in BUILDERS so another backend can add its own option.
 """
 
@@ -35,9 +37,31 @@ def _build_local(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build_docker(args: argparse.Namespace) -> int:
+    import time
+
+    from conch.sandbox import docker_images
+    from conch.sandbox.base import SandboxError
+
+    t0 = time.monotonic()
+    try:
+        c = docker_images.client()
+        try:
+            print(docker_images.ensure_base_image(c, force=args.force))
+        finally:
+            c.close()
+    except SandboxError as exc:
+        print(f"conch images build-base: {exc}", file=sys.stderr)
+        return 1
+    print(f"done in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
 # backend name -> builder; each gets a `--<name>` flag.
 BUILDERS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
     "local": ("build the local backend's Debian base root (debootstrap, needs root)", _build_local),
+    "docker": ("docker import the same base root as the docker backend's base image (needs an engine)",
+               _build_docker),
 }
 
 

@@ -3,6 +3,8 @@
 A sandbox killed with its owner leaves only a state folder under CONCH_HOME/sandboxes/ (its disk image and
 cgroups; its processes and mounts die with it). `gc` removes those whose owner process is gone, kills any
 survivor, deletes replaced base roots (after an hour) and, with `--layers`, empties the Dockerfile build cache.
+Docker backend: removes the containers (labelled io.conch.kind=sandbox) of conch processes that are gone and,
+with `--images`, the cached task images no container uses.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ssub = p.add_subparsers(dest="sandbox_cmd", metavar="ACTION", required=True)
     gc = ssub.add_parser("gc", help="remove leftovers of crashed sandboxes", description=__doc__)
     gc.add_argument("--layers", action="store_true", help="also delete every cached Dockerfile layer")
+    gc.add_argument("--images", action="store_true",
+                    help="docker: also delete cached task images (and base images of older recipes) not in use")
     gc.set_defaults(func=run_gc)
 
 
@@ -36,4 +40,23 @@ def run_gc(args: argparse.Namespace) -> int:
         n = len([p for p in layers.iterdir() if p.is_dir()]) if layers.is_dir() else 0
         shutil.rmtree(layers, ignore_errors=True)
         print(f"{n} cached layer(s) deleted from {layers}")
+    return _gc_docker(args)
+
+
+def _gc_docker(args: argparse.Namespace) -> int:
+    """Containers of the docker backend whose conch process is gone (labels name the owner)."""
+    from conch.sandbox.docker_images import engine_problem
+
+    problem = engine_problem(timeout=3.0)
+    if problem is not None:
+        print(f"docker: skipped ({problem})")
+        return 0
+    from conch.sandbox.docker import gc
+
+    report = gc(remove_images=args.images)
+    for name in report.containers:
+        print(f"removed docker container {name}")
+    print(f"{len(report.containers)} stale docker sandbox(es) removed ({report.kept_running} of live runs kept)")
+    if args.images:
+        print(f"{len(report.images)} cached docker image(s) deleted")
     return 0

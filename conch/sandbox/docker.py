@@ -477,6 +477,7 @@ def gc(everything: bool = False, remove_images: bool = False) -> GcReport:
                             report.images.append(tag)
                         except docker.errors.APIError:
                             pass
+            c.api.prune_images(filters={"dangling": True, "label": images.LABEL_KIND})  # untagged old bases
     finally:
         c.close()
     return report

@@ -306,3 +306,17 @@ def test_dense_model_has_no_routing(model_dir):
     logp, experts = full_forward(dense, seq)
     assert experts is None
     assert np.allclose(res.logprobs, [logp[p - 1, seq[p]].item() for p in range(4, len(seq))], atol=1e-4)
+
+
+def test_capture_can_be_switched(model_dir):
+    async def go():
+        eng = HFEngine(model_dir, capture_routing=False)
+        sid = await eng.open_session([5, 6, 7])
+        off = await eng.generate(sid, [], SamplingParams(max_new_tokens=3, seed=0))
+        eng.set_capture_routing(True)
+        on = await eng.generate(sid, [8], SamplingParams(max_new_tokens=3, seed=0))
+        await eng.aclose()
+        return off, on
+
+    off, on = run(go())
+    assert off.routed_experts is None and on.routed_experts.shape == (1 + 3, 4, 2)

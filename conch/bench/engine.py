@@ -24,8 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="comma-separated batch sizes")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens sampled per session")
     parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--decode-repeats", type=int, default=2, help="runs per batch size (best is kept)")
     parser.add_argument("--capture-batch", type=int, default=8, help="batch size for the capture-overhead test")
-    parser.add_argument("--repeats", type=int, default=5, help="alternating repeats of the capture on/off runs")
+    parser.add_argument("--repeats", type=int, default=6, help="runs of each side of the capture on/off comparison")
 
 
 def resolve_model(arg: str | None) -> str:
@@ -67,30 +68,30 @@ async def _bench(args: argparse.Namespace) -> dict:
 
     model = resolve_model(args.model)
     sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
-    eng_on = HFEngine(model, dtype=args.dtype, device=args.device, capture_routing=True, max_batch=max(sizes))
-    vocab = eng_on.model.config.vocab_size
-    await timed_batch(eng_on, 4, args.prompt_tokens, 8, vocab, seed=999)  # warm-up
+    engine = HFEngine(model, dtype=args.dtype, device=args.device, capture_routing=True, max_batch=max(sizes))
+    vocab = engine.model.config.vocab_size
+    await timed_batch(engine, 4, args.prompt_tokens, 8, vocab, seed=999)  # warm-up
     rows = []
     for b in sizes:
-        sec = await timed_batch(eng_on, b, args.prompt_tokens, args.new_tokens, vocab, seed=1000 * b)
+        sec = min([await timed_batch(engine, b, args.prompt_tokens, args.new_tokens, vocab, seed=1000 * b)
+                   for _ in range(args.decode_repeats)])
         rows.append({"batch": b, "seconds": round(sec, 4), "tokens_per_s": round(b * args.new_tokens / sec, 1)})
         print(f"batch {b:>3}: {rows[-1]['tokens_per_s']:>9.1f} tokens/s", file=sys.stderr)
-    eng_off = HFEngine(model, dtype=args.dtype, device=args.device, capture_routing=False,
-                       max_batch=max(sizes))
-    await timed_batch(eng_off, 4, args.prompt_tokens, 8, vocab, seed=999)
     on, off = [], []
     b = args.capture_batch
-    for rep in range(args.repeats):  # alternate so drift in machine load hits both sides alike
-        for eng, acc in ((eng_on, on), (eng_off, off)) if rep % 2 == 0 else ((eng_off, off), (eng_on, on)):
-            acc.append(await timed_batch(eng, b, args.prompt_tokens, args.new_tokens, vocab, seed=7 + rep))
-    await eng_on.aclose()
-    await eng_off.aclose()
+    for rep in range(2 * args.repeats):  # alternate on/off so drift in machine load hits both sides alike
+        capture = rep % 2 == (rep // 2) % 2
+        engine.set_capture_routing(capture)
+        sec = await timed_batch(engine, b, args.prompt_tokens, args.new_tokens, vocab, seed=7 + rep // 2)
+        (on if capture else off).append(sec)
+    await engine.aclose()
     tps_on, tps_off = b * args.new_tokens / min(on), b * args.new_tokens / min(off)
     capture = {"batch": b, "tokens_per_s_capture": round(tps_on, 1), "tokens_per_s_no_capture": round(tps_off, 1),
-               "overhead": round((tps_off - tps_on) / tps_off, 4), "repeats": args.repeats}
+               "overhead": round((tps_off - tps_on) / tps_off, 4), "repeats": args.repeats,
+               "seconds_capture": [round(x, 4) for x in on], "seconds_no_capture": [round(x, 4) for x in off]}
     print(f"capture overhead at batch {b}: {capture['overhead'] * 100:.2f}%", file=sys.stderr)
     return {"model": model, "dtype": args.dtype, "device": args.device, "prompt_tokens": args.prompt_tokens,
-            "new_tokens": args.new_tokens, "num_experts": eng_on.num_experts, "moe_layers": eng_on.num_moe_layers,
+            "new_tokens": args.new_tokens, "num_experts": engine.num_experts, "moe_layers": engine.num_moe_layers,
             "decode": rows, "capture": capture}
 
 

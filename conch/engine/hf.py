@@ -117,7 +117,8 @@ class HFEngine:
         self._cond = threading.Condition()
         self._model_lock = threading.Lock()
         self._closing = False
-        self.stats = {"steps": 0, "tokens_fed": 0, "tokens_sampled": 0, "forward_seconds": 0.0, "max_step_requests": 0}
+        self.stats = {"steps": 0, "tokens_fed": 0, "tokens_sampled": 0, "forward_seconds": 0.0,
+                      "max_step_requests": 0}
         self._worker = threading.Thread(target=self._run, name="conch-engine", daemon=True)
         self._worker.start()
 
@@ -212,6 +213,17 @@ class HFEngine:
             self._sessions.clear()
         if self._capture is not None:
             self._capture.remove()
+
+    def set_capture_routing(self, enabled: bool) -> None:
+        """Attach or remove the routing-capture hooks (between steps); results then carry routed_experts or None."""
+        from conch.moe.routing import RoutingCapture
+
+        with self._model_lock:
+            if enabled and self._capture is None and self.num_moe_layers:
+                self._capture = RoutingCapture(self.model)
+            elif not enabled and self._capture is not None:
+                self._capture.remove()
+                self._capture = None
 
     def cache_bytes(self, session: int | None = None) -> int:
         """Bytes held by KV buffers (one session, or all)."""

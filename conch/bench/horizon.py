@@ -1,0 +1,106 @@
+"""`conch bench horizon`: seconds for 30/100/300-turn conversations with and without prefix reuse.
+
+Why: a terminal episode is hundreds of turns over one growing sequence. With the session cache a turn costs
+its new tokens only, so total time grows about linearly with the number of turns (target: 300 turns take at
+most 12x the time of 30). Without reuse every turn re-prefills the whole conversation and total time grows
+quadratically. Each turn appends 20-50 observation tokens and samples 10-30 tokens (seeded, no stop tokens, so
+both modes do the same amount of sampling). One conversation is timed and read at each checkpoint, so the
+30-turn figure is the first 30 turns of the 300-turn run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+
+from conch.bench.engine import add_common, random_ids, resolve_model
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common(parser)
+    parser.add_argument("--turns", default="30,100,300", help="comma-separated checkpoints (turn counts)")
+    parser.add_argument("--system-tokens", type=int, default=64, help="length of the opening prompt")
+    parser.add_argument("--no-reuse-budget", type=float, default=900.0,
+                        help="stop the no-reuse run after this many seconds; unreached checkpoints print null")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def plan(turns: int, seed: int, vocab: int) -> list[tuple[list[int], int]]:
+    """Per turn: (observation token ids, number of tokens to sample). Same plan for both modes."""
+    r = random.Random(seed)
+    return [(random_ids(r.randint(20, 50), vocab, seed * 100_003 + t), r.randint(10, 30)) for t in range(turns)]
+
+
+async def reuse_run(engine, system: list[int], turns: list[tuple[list[int], int]], checkpoints: list[int],
+                    seed: int) -> list[float]:
+    from conch.engine.base import SamplingParams
+
+    out, t0 = [], time.perf_counter()
+    sid = await engine.open_session(system)
+    for i, (obs, n) in enumerate(turns, start=1):
+        await engine.generate(sid, obs, SamplingParams(temperature=1.0, max_new_tokens=n, seed=seed))
+        if i in checkpoints:
+            out.append(round(time.perf_counter() - t0, 3))
+            print(f"reuse: {i} turns in {out[-1]:.2f}s", file=sys.stderr)
+    await engine.close_session(sid)
+    return out
+
+
+async def no_reuse_run(engine, system: list[int], turns: list[tuple[list[int], int]], checkpoints: list[int],
+                       seed: int, budget: float) -> list[float | None]:
+    from conch.engine.base import SamplingParams
+
+    out: list[float | None] = []
+    history, t0 = list(system), time.perf_counter()
+    for i, (obs, n) in enumerate(turns, start=1):
+        history += obs
+        sid = await engine.open_session(history)
+        res = await engine.generate(sid, [], SamplingParams(temperature=1.0, max_new_tokens=n, seed=seed + i))
+        await engine.close_session(sid)
+        history += res.token_ids
+        if i in checkpoints:
+            out.append(round(time.perf_counter() - t0, 3))
+            print(f"no reuse: {i} turns in {out[-1]:.2f}s", file=sys.stderr)
+        if time.perf_counter() - t0 > budget:
+            print(f"no reuse: stopped at turn {i} (budget {budget:.0f}s)", file=sys.stderr)
+            break
+    return out + [None] * (len(checkpoints) - len(out))
+
+
+async def _bench(args: argparse.Namespace) -> dict:
+    from conch.engine.hf import HFEngine
+
+    checkpoints = sorted(int(x) for x in args.turns.split(",") if x.strip())
+    model = resolve_model(args.model)
+    engine = HFEngine(model, dtype=args.dtype, device=args.device, capture_routing=True)
+    vocab = engine.model.config.vocab_size
+    turns = plan(checkpoints[-1], args.seed, vocab)
+    system = random_ids(args.system_tokens, vocab, args.seed + 7)
+    total = args.system_tokens + sum(len(o) + n for o, n in turns)
+    if total > engine.max_positions:
+        raise SystemExit(f"{checkpoints[-1]} turns need {total} tokens; the model's context is {engine.max_positions}")
+    await reuse_run(engine, system, turns[:3], [], args.seed)  # warm-up
+    reuse = await reuse_run(engine, system, turns, checkpoints, args.seed)
+    no_reuse = await no_reuse_run(engine, system, turns, checkpoints, args.seed, args.no_reuse_budget)
+    await engine.aclose()
+    i30 = checkpoints.index(30) if 30 in checkpoints else 0
+    i300 = checkpoints.index(300) if 300 in checkpoints else len(checkpoints) - 1
+    return {"turns": checkpoints, "seconds_reuse": reuse, "seconds_no_reuse": no_reuse,
+            "reuse_ratio_last_first": round(reuse[i300] / reuse[i30], 2), "tokens_at_last": total,
+            "model": model, "dtype": args.dtype, "device": args.device}
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    result = asyncio.run(_bench(args))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(json.dumps({k: result[k] for k in ("turns", "seconds_reuse", "seconds_no_reuse")}))
+        print(f"reuse: last/first checkpoint time ratio {result['reuse_ratio_last_first']} "
+              f"(target <= 12 for 300/30); {result['tokens_at_last']} tokens at the last turn", file=sys.stderr)
+    return 0

@@ -12,6 +12,15 @@ Alignment contract (the agent loop and R3 rely on it):
   int16. None for dense models or when capture is off.
 - `logprobs[i]` is log softmax(logits / temperature)[token_ids[i]] in the sampler's dtype, before top-k/top-p
   truncation: the same quantity the trainer recomputes, so their difference measures the numeric gap only.
+  Precisely (HFEngine): the logits come from the model running in the sampler's dtype; the log-softmax is taken
+  in float32 over the full vocabulary; temperature 0 (greedy) reports log softmax(logits).
+- Stops: only the given `stop_token_ids` / `stop_strings` end a turn (no implicit EOS); the stop token or the
+  tokens of the stop string stay in `token_ids`. finish_reason "length": max_new_tokens or the context is full.
+- `seed` seeds the session's generator on its first call and whenever a call brings a different seed (the same
+  seed on every turn continues one stream); results do not depend on which sessions share a batch.
+- `load_weights` makes live sessions stale: their next call re-prefills their history under the new weights
+  (those rows are not reported), so log-probs and experts always belong to the live weights.
+- One generate in flight per session; `close_session` frees the session's cache.
 """
 
 from __future__ import annotations

@@ -31,12 +31,15 @@ def test_capped_buffer_keeps_head_and_tail():
 
 
 def test_marker_split_across_reads_is_found():
-    stream = _Stream(asyncio.StreamReader(), asyncio.Event())
-    token = "0123456789abcdef"
-    data = b"out\0put\0CONC" + b"\0CONCH" + token.encode() + b":42\n" + b"after"
-    for i in range(len(data)):  # one byte per read: the worst case
-        stream.feed(data[i : i + 1])
-    out, truncated, rc = stream.take([token])
+    async def main():
+        stream = _Stream(asyncio.StreamReader(), asyncio.Event())
+        token = "0123456789abcdef"
+        data = b"out\0put\0CONC" + b"\0CONCH" + token.encode() + b":42\n" + b"after"
+        for i in range(len(data)):  # one byte per read: the worst case
+            stream.feed(data[i : i + 1])
+        return stream.take([token])
+
+    out, truncated, rc = asyncio.run(main())
     assert out == b"out\0put\0CONC" and rc == 42 and not truncated
 
 

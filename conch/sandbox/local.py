@@ -32,7 +32,7 @@ from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, San
 from conch.sandbox.baseroot import RUNTIME_ENV
 from conch.sandbox.bwrap import (DEFAULT_PATH, BoxConfig, Cgroups, launcher_argv, proc_start_time, require_host,
                                  warn_once, write_id_maps)
-from conch.sandbox.localbuild import LocalImage, build_image
+from conch.sandbox.localbuild import LocalImage, build_image, safe_extract
 from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell
 
 _INIT = ("echo ready; exec >/dev/null 2>&1 </dev/null; trap : TERM INT HUP QUIT USR1 USR2; "
@@ -302,12 +302,8 @@ class LocalSandbox:
             staging = Path(tempfile.mkdtemp(prefix=".conch-dl-", dir=dest.parent))
             try:
                 def unpack() -> None:
-                    def mine(info: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
-                        info = tarfile.tar_filter(info, path)
-                        return info.replace(uid=os.getuid(), gid=os.getgid(), uname=None, gname=None)
-
                     with tarfile.open(fileobj=tmp) as tf:
-                        tf.extractall(staging, filter=mine)
+                        safe_extract(tf, staging, owner=(os.getuid(), os.getgid()))
 
                 await asyncio.to_thread(unpack)
                 got = staging / name if name != "." else staging

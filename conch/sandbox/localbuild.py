@@ -12,6 +12,7 @@ concurrent builders of the same task wait for one build instead of racing or see
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import glob as globmod
 import hashlib
@@ -393,9 +394,39 @@ def _copy_step(df: Path, step: BuildStep, lowers: list[Path], diff: Path, contex
         elif step.add and tarfile.is_tarfile(src):
             _ensure_dir(lowers, diff, "/" + "/".join(dest_parts))
             with tarfile.open(src) as tf:
-                tf.extractall(target_dir, filter="tar", numeric_owner=True)
+                safe_extract(tf, target_dir)
         else:
             place(src.resolve(), None, target_dir / Path(rel).name if to_dir else target_dir)
+
+
+def safe_extract(tf: tarfile.TarFile, dest: Path, owner: tuple[int, int] | None = None) -> None:
+    """Extract `tf` into `dest`, refusing any member that would land outside it (absolute names, `..`, paths
+    through symlinks extracted earlier, hard links out) and skipping device nodes. Owners are kept (numeric)
+    unless `owner` is given. Does not rely on tarfile's extraction filters (absent in Debian's 3.11.2)."""
+    root = os.path.realpath(dest)
+
+    def inside(path: str) -> bool:
+        real = os.path.realpath(path)
+        return real == root or real.startswith(root + os.sep)
+
+    kwargs = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+    for member in tf:
+        name = member.name.lstrip("/")
+        if member.ischr() or member.isblk() or not name:
+            continue
+        if not inside(os.path.join(root, name)):
+            raise SandboxError(f"archive member {member.name!r} would be written outside {dest}")
+        if member.islnk() and not inside(os.path.join(root, member.linkname.lstrip("/"))):
+            raise SandboxError(f"archive hard link {member.name!r} points outside {dest}")
+        member = copy.copy(member)
+        member.name = name
+        if member.islnk():
+            member.linkname = member.linkname.lstrip("/")
+        if owner is not None:
+            member.uid, member.gid = owner
+            member.uname = member.gname = ""
+            member.mode &= 0o1777  # no setuid/setgid on the host
+        tf.extract(member, root, set_attrs=True, numeric_owner=True, **kwargs)
 
 
 def _own(path: Path, uid: int, gid: int, mode: int | None) -> None:

@@ -213,14 +213,19 @@ def test_persistent_shell(box):
             got.append(await sh.run("cd /app; V=5; f() { echo f$1; }; sleep 300 & true"))
             got.append(await sh.run("sleep 20", timeout=1))
             got.append(await sh.run("pwd; echo $V; f 2; jobs | wc -l"))
+            # ignores SIGINT: the session escalates to SIGKILL through a control exec beside it
+            got.append(await sh.run("bash -c \"trap '' INT; sleep 30\"", timeout=1))
+            got.append(await sh.run("seq 1 50000; echo $V", output_cap=2000))
             return got
         finally:
             await sh.close()
 
-    first, _, slow, after = loop.run_until_complete(go())
+    first, _, slow, after, stubborn, big = loop.run_until_complete(go())
     assert first.stdout == "/tmp\n1\n"
     assert slow.timed_out and slow.exit_code is None and slow.seconds < 6
     assert after.stdout == "/app\n5\nf2\n1\n" and after.exit_code == 0
+    assert stubborn.timed_out and stubborn.exit_code is None and stubborn.seconds < 8
+    assert big.truncated and big.stdout.startswith("1\n2\n") and big.stdout.endswith("50000\n5\n")
 
 
 def test_upload_download_roundtrip(box, tmp_path):

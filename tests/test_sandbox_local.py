@@ -189,10 +189,12 @@ def test_crashed_owner_leftovers_are_collected(base_root):
     assert all(not Path(p).exists() for p in info["cgroups"])
 
 
-def _drop_layers(nonce: str) -> None:
-    for meta in paths.layers_dir().glob("*/meta.json"):
-        if nonce in meta.read_text():
-            shutil.rmtree(meta.parent, ignore_errors=True)
+def _drop_layers(lowers) -> None:
+    """Delete the cached layers a test built (keeps the shared cache from growing with test runs)."""
+    for diff in lowers:
+        if diff.parent.parent == paths.layers_dir():
+            shutil.rmtree(diff.parent, ignore_errors=True)
+            Path(f"{diff.parent}.lock").unlink(missing_ok=True)
 
 
 def test_dockerfile_image_cache_and_defaults(base_root, tmp_path):
@@ -211,8 +213,11 @@ def test_dockerfile_image_cache_and_defaults(base_root, tmp_path):
         "&& rm /etc/debian_version\n")
     spec = SandboxSpec(name="img", context_dir=ctx, dockerfile=ctx / "Dockerfile")
 
+    lowers: list[Path] = []
+
     async def one() -> tuple[int, str, float]:
         box = await started(spec)
+        lowers[:] = box.image.lowers[:2]  # the COPY and RUN layers (WORKDIR /app is shared with others)
         try:
             r = await box.exec("pwd; tool; cat data/in.txt; ls; test -e /etc/debian_version || echo gone")
             return box.image.built_steps, r.stdout, box.start_seconds
@@ -223,7 +228,7 @@ def test_dockerfile_image_cache_and_defaults(base_root, tmp_path):
         built1, out1, _ = run(one())
         built2, out2, secs2 = run(one())
     finally:
-        _drop_layers(nonce)
+        _drop_layers(lowers)
     assert built1 >= 2 and built2 == 0, "the second start must come entirely from the cache"
     expected = f"/app\ntool {nonce}\ninput\nDockerfile\nbin\ndata\ngone\n"
     assert out1 == expected and out2 == expected
@@ -312,3 +317,49 @@ def test_safe_extract_refuses_escapes(tmp_path):
             safe_extract(archive(bad), out)
     assert not (tmp_path / "escape.txt").exists()
     assert Path("/etc/passwd").read_text() != "x"
+
+
+def test_compose_service_env_workdir_and_multi_service_error(base_root, tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM python:3.11\nWORKDIR /app\n")
+    compose = tmp_path / "docker-compose.yaml"
+    compose.write_text("services:\n  main:\n    build: .\n    working_dir: /srv/x\n    environment:\n      - FOO=bar\n")
+    spec = SandboxSpec(name="compose", context_dir=tmp_path, dockerfile=tmp_path / "Dockerfile", compose_file=compose)
+
+    async def main():
+        box = await started(spec)
+        try:
+            return await box.exec("pwd; echo $FOO")
+        finally:
+            await box.stop()
+
+    assert run(main()).stdout == "/srv/x\nbar\n"
+    compose.write_text("services:\n  a:\n    build: .\n  b:\n    image: redis\n")
+    with pytest.raises(SandboxError, match="2 services"):
+        run(make_sandbox("local", spec).start())
+
+
+def test_deep_layer_stack(base_root, tmp_path):
+    nonce = secrets.token_hex(6)
+    lines = ["FROM debian", f"ENV N={nonce}"]
+    for i in range(90):
+        (tmp_path / f"f{i}").write_text(f"{nonce} {i}\n")
+        lines.append(f"COPY f{i} /layers/")
+    (tmp_path / "Dockerfile").write_text("\n".join(lines) + "\n")
+
+    lowers: list[Path] = []
+
+    async def main():
+        box = make_sandbox("local", SandboxSpec(name="deep", context_dir=tmp_path, dockerfile=tmp_path / "Dockerfile"))
+        try:
+            await box.start()
+            lowers[:] = box.image.lowers
+            return len(box.image.lowers), await box.exec("cat /layers/f0 /layers/f89; ls /layers | wc -l")
+        finally:
+            await box.stop()
+
+    try:
+        n_lowers, r = run(main())
+    finally:
+        _drop_layers(lowers)
+    assert n_lowers == 91
+    assert r.stdout == f"{nonce} 0\n{nonce} 89\n90\n", r

@@ -2,7 +2,8 @@
 
 A sandbox killed with its owner leaves only a state folder under CONCH_HOME/sandboxes/ (its disk image and
 cgroups; its processes and mounts die with it). `gc` removes those whose owner process is gone, kills any
-survivor, deletes replaced base roots (after an hour) and, with `--layers`, empties the Dockerfile build cache.
+survivor, deletes replaced base roots (after an hour) and, with `--layers` (all) or `--unused-days N`, prunes the
+Dockerfile build cache.
 Docker backend: removes the containers (labelled io.conch.kind=sandbox) of conch processes that are gone and,
 with `--images`, the cached task images no container uses.
 """
@@ -17,17 +18,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     ssub = p.add_subparsers(dest="sandbox_cmd", metavar="ACTION", required=True)
     gc = ssub.add_parser("gc", help="remove leftovers of crashed sandboxes", description=__doc__)
     gc.add_argument("--layers", action="store_true", help="also delete every cached Dockerfile layer")
+    gc.add_argument("--unused-days", type=float, metavar="N",
+                    help="also delete cached Dockerfile layers not used for N days")
     gc.add_argument("--images", action="store_true",
                     help="docker: also delete cached task images (and base images of older recipes) not in use")
     gc.set_defaults(func=run_gc)
 
 
 def run_gc(args: argparse.Namespace) -> int:
-    import shutil
-
+    from conch.cli import UsageError
     from conch.sandbox import paths
     from conch.sandbox.baseroot import gc_old_roots
     from conch.sandbox.local import gc_sandboxes
+    from conch.sandbox.localbuild import prune_layers
+
+    if args.unused_days is not None and args.unused_days < 0:
+        raise UsageError("--unused-days must be >= 0")
 
     removed = gc_sandboxes()
     for name in removed:
@@ -35,11 +41,9 @@ def run_gc(args: argparse.Namespace) -> int:
     print(f"{len(removed)} stale sandbox(es) cleaned under {paths.sandboxes_dir()}")
     for name in gc_old_roots():
         print(f"removed old base root folder {name}")
-    if args.layers:
-        layers = paths.layers_dir()
-        n = len([p for p in layers.iterdir() if p.is_dir()]) if layers.is_dir() else 0
-        shutil.rmtree(layers, ignore_errors=True)
-        print(f"{n} cached layer(s) deleted from {layers}")
+    if args.layers or args.unused_days is not None:
+        n = prune_layers(None if args.layers else args.unused_days)
+        print(f"{n} cached layer(s) deleted from {paths.layers_dir()}")
     return _gc_docker(args)
 
 

@@ -82,7 +82,14 @@ class LocalSandbox:
             return
         t0 = time.monotonic()
         require_host()
-        self.image = await asyncio.to_thread(build_image, self.spec.context_dir, self.spec.dockerfile)
+        # A compose file (single service) may move the build and add env/working_dir; same rules as docker.
+        from conch.sandbox.docker_images import environment_of
+
+        envdef = environment_of(self.spec.context_dir, self.spec.dockerfile, self.spec.compose_file)
+        if envdef.image and envdef.dockerfile is None:
+            warn_once(f"image:{envdef.image}", f"compose image {envdef.image} runs on the local Debian bookworm "
+                                               "base root (use --sandbox docker for the exact image)", kind="note")
+        self.image = await asyncio.to_thread(build_image, envdef.context_dir, envdef.dockerfile)
         gc_sandboxes()
         safe = re.sub(r"[^A-Za-z0-9_.-]", "-", self.name)[:40] or "box"
         sid = f"{safe}-{secrets.token_hex(4)}"
@@ -123,10 +130,10 @@ class LocalSandbox:
         except BaseException:
             await self.stop()
             raise
-        env = {**RUNTIME_ENV, "HOSTNAME": safe[:63], **dict(self.image.env), **self.spec.env}
+        env = {**RUNTIME_ENV, "HOSTNAME": safe[:63], **dict(self.image.env), **envdef.env, **self.spec.env}
         self._env = env
-        self._cwd = self.spec.workdir or self.image.workdir or "/"
-        if self.spec.workdir:
+        self._cwd = self.spec.workdir or envdef.workdir or self.image.workdir or "/"
+        if self._cwd != self.image.workdir:
             await self.exec(f"mkdir -p -- {_q(self._cwd)}", cwd="/")
         self.start_seconds = time.monotonic() - t0
 

@@ -88,8 +88,34 @@ def _build(p: BuildPlan, context: Path, root: Path, quiet: bool) -> LocalImage:
                     built += 1
         if not meta["empty"]:
             lowers.insert(0, layer / "diff")
+        _touch(layer)
     return LocalImage(key=key, lowers=tuple(lowers), env=p.config.env, workdir=p.config.workdir,
                       base_image=p.config.base_image, built_steps=built)
+
+
+def _touch(layer: Path) -> None:
+    """Record the last use of a layer (its folder's mtime), for `conch sandbox gc --unused-days`."""
+    try:
+        os.utime(layer)
+    except OSError:
+        pass
+
+
+def prune_layers(unused_days: float | None = None) -> int:
+    """Delete cached layers (all, or those unused for `unused_days`); returns how many were deleted."""
+    root = paths.layers_dir()
+    if not root.is_dir():
+        return 0
+    cutoff = None if unused_days is None else time.time() - unused_days * 86400
+    n = 0
+    for entry in root.iterdir():
+        if not entry.is_dir():
+            continue
+        if cutoff is not None and entry.stat().st_mtime > cutoff and not entry.name.startswith(".tmp-"):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        n += 1
+    return n
 
 
 def _read_meta(layer: Path) -> dict | None:

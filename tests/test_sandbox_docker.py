@@ -237,8 +237,8 @@ def test_upload_download_roundtrip(box, tmp_path):
     (src / "sub" / "b.sh").chmod(0o755)
     loop.run_until_complete(sb.upload(src, "/deep/new/dir"))
     loop.run_until_complete(sb.upload(src / "a.txt", "/deep/one.txt"))
-    r = loop.run_until_complete(sb.exec("cat /deep/new/dir/a.txt /deep/one.txt; /deep/new/dir/sub/b.sh; stat -c %a /tmp"))
-    assert r.stdout == "AAb\n1777\n"  # parents were created, existing folders' modes untouched
+    r = run_text(box, "cat /deep/new/dir/a.txt /deep/one.txt; /deep/new/dir/sub/b.sh; stat -c %a /tmp")
+    assert r == "AAb\n1777\n"  # parents were created, existing folders' modes untouched
     loop.run_until_complete(sb.exec("mkdir -p /out/x && echo made > /out/x/f && ln -s f /out/x/l"))
     loop.run_until_complete(sb.download("/out", tmp_path / "dl"))
     assert (tmp_path / "dl" / "x" / "f").read_text() == "made\n" and os.readlink(tmp_path / "dl" / "x" / "l") == "f"
@@ -252,8 +252,8 @@ def test_offline_verifier_toolchain(box):
     sb, loop = box
     test = "def test_a():\n    assert 1\n\ndef test_b():\n    assert 0\n"
     loop.run_until_complete(sb.exec(f"mkdir -p /t && printf '{test}' > /t/test_x.py"))
-    r = loop.run_until_complete(sb.exec("cd /t && pytest --ctrf /t/a.json test_x.py -q; python3 -c "
-                                        "'import json; print(json.load(open(\"/t/a.json\"))[\"results\"][\"summary\"][\"passed\"])'",
+    summary = "import json; print(json.load(open('/t/a.json'))['results']['summary']['passed'])"
+    r = loop.run_until_complete(sb.exec(f"cd /t && pytest --ctrf /t/a.json test_x.py -q; python3 -c \"{summary}\"",
                                         timeout=120))
     assert "1 failed, 1 passed" in r.stdout and r.stdout.strip().endswith("1"), r.stdout + r.stderr
     r = loop.run_until_complete(sb.exec("cd /t && uvx -p 3.11 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5 "
@@ -262,7 +262,8 @@ def test_offline_verifier_toolchain(box):
 
 
 def test_image_cached_by_content_and_standin_said_once(tmp_path, engine, capfd):
-    env_dir = write_task_env(tmp_path / "e", "FROM ubuntu:24.04\nCOPY f /f\nRUN echo built-$(cat /f) > /g\n", {"f": "1"})
+    env_dir = write_task_env(tmp_path / "e", "FROM ubuntu:24.04\nCOPY f /f\nRUN echo built-$(cat /f) > /g\n",
+                             {"f": "1"})
     env = di.environment_of(env_dir, env_dir / "Dockerfile", None)
     first = di.ensure_env_image(env, "cache-test")
     err = capfd.readouterr().err

@@ -286,9 +286,12 @@ class DockerSandbox:
                 except docker.errors.APIError as exc:
                     if not storage or "storage-opt" not in str(exc).lower():
                         raise
-                    _storage_opt_ok = False
-                    print(f"conch: warning: the Docker engine cannot limit container disk size here ({exc.explanation});"
-                          " storage limits are not enforced by the docker backend", file=sys.stderr, flush=True)
+                    with _live_lock:
+                        said, _storage_opt_ok = not _storage_opt_ok, False
+                    if not said:
+                        print(f"conch: warning: the Docker engine cannot limit container disk size here "
+                              f"({exc.explanation}); storage limits are not enforced by the docker backend",
+                              file=sys.stderr, flush=True)
             api.start(self.container)
         except docker.errors.APIError as exc:
             raise SandboxError(f"sandbox {self.name}: cannot start a container from {self.image}: {exc}") from exc

@@ -47,7 +47,7 @@ def test_overlay_isolation_between_boxes_and_host(base_root):
             seen_b = await b.exec(f"ls /etc/{marker} /usr/local/bin/{marker} /app/{marker} /tmp/{marker} 2>&1; "
                                   "cat /etc/debian_version /etc/hostname")
             assert seen_b.stdout.count("No such file") == 4, seen_b
-            assert "sandbox" in seen_b.stdout  # b's /etc/hostname is the base one
+            assert seen_b.stdout.endswith("iso-b\n")  # b's own /etc/hostname
             assert (await a.exec("test -e /etc/debian_version")).exit_code == 1
         finally:
             await a.stop()
@@ -59,6 +59,19 @@ def test_overlay_isolation_between_boxes_and_host(base_root):
         assert not (base_root / p.lstrip("/")).exists(), p
     assert (base_root / "etc/debian_version").exists()
     assert (base_root / "etc/hostname").read_text() == "sandbox\n"
+
+
+def test_hostname_resolves_inside(base_root):
+    async def main():
+        box = await started(SandboxSpec(name="my_box.1"))
+        try:
+            return await box.exec("hostname; cat /etc/hostname; getent hosts $(hostname) localhost")
+        finally:
+            await box.stop()
+
+    r = run(main())
+    assert r.stdout.splitlines()[:2] == ["my_box.1", "my_box.1"]
+    assert "127.0.1.1       my_box.1" in r.stdout and "localhost" in r.stdout.splitlines()[3]
 
 
 def test_exec_semantics(base_root):
@@ -203,23 +216,29 @@ def test_dockerfile_image_cache_and_defaults(base_root, tmp_path):
     (ctx / "data").mkdir(parents=True)
     (ctx / "data" / "in.txt").write_text("input\n")
     (ctx / "skip.log").write_text("ignored\n")
-    (ctx / ".dockerignore").write_text("*.log\n")
+    (ctx / ".dockerignore").write_text("*.log\n*.tar\n")
+    (ctx / "src").mkdir()
+    (ctx / "src" / "pkg.txt").write_text(f"packed {nonce}\n")
+    subprocess.run(["tar", "-C", str(ctx), "-cf", str(ctx / "vendor.tar"), "src"], check=True)
     (ctx / "Dockerfile").write_text(
         "FROM python:3.12-slim\n"
         f"ENV NONCE={nonce} PATH=/app/bin:$PATH\n"
         "WORKDIR /app\n"
         "COPY . /app/\n"
         "RUN mkdir -p bin && printf '#!/bin/sh\\necho tool $NONCE\\n' > bin/tool && chmod +x bin/tool "
-        "&& rm /etc/debian_version\n")
+        "&& rm /etc/debian_version\n"
+        "COPY --chown=nobody:nogroup --chmod=600 data/in.txt /secret.txt\n"
+        "ADD vendor.tar /vendor/\n")
     spec = SandboxSpec(name="img", context_dir=ctx, dockerfile=ctx / "Dockerfile")
 
     lowers: list[Path] = []
 
     async def one() -> tuple[int, str, float]:
         box = await started(spec)
-        lowers[:] = box.image.lowers[:2]  # the COPY and RUN layers (WORKDIR /app is shared with others)
+        lowers[:] = box.image.lowers[:4]  # the COPY/RUN/ADD layers (WORKDIR /app is shared with others)
         try:
-            r = await box.exec("pwd; tool; cat data/in.txt; ls; test -e /etc/debian_version || echo gone")
+            r = await box.exec("pwd; tool; cat data/in.txt; ls; test -e /etc/debian_version || echo gone; "
+                               "stat -c '%U:%G %a' /secret.txt; cat /vendor/src/pkg.txt")
             return box.image.built_steps, r.stdout, box.start_seconds
         finally:
             await box.stop()
@@ -229,8 +248,8 @@ def test_dockerfile_image_cache_and_defaults(base_root, tmp_path):
         built2, out2, secs2 = run(one())
     finally:
         _drop_layers(lowers)
-    assert built1 >= 2 and built2 == 0, "the second start must come entirely from the cache"
-    expected = f"/app\ntool {nonce}\ninput\nDockerfile\nbin\ndata\ngone\n"
+    assert built1 >= 4 and built2 == 0, "the second start must come entirely from the cache"
+    expected = f"/app\ntool {nonce}\ninput\nDockerfile\nbin\ndata\nsrc\ngone\nnobody:nogroup 600\npacked {nonce}\n"
     assert out1 == expected and out2 == expected
     assert secs2 < 5
 

@@ -89,7 +89,7 @@ class BoxConfig:
     bind_root: Path | None = None
     network: bool = False
     hostname: str = "sandbox"
-    extra_binds: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host, box) read-only
+    file_binds: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host file, box path), writable
 
 
 def launcher_argv(cfg: BoxConfig, box_argv: list[str], *, as_pid_1: bool, cwd: str = "/") -> list[str]:
@@ -128,8 +128,8 @@ def launcher_argv(cfg: BoxConfig, box_argv: list[str], *, as_pid_1: bool, cwd: s
         bw.append("--unshare-net")
     else:
         bw += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
-    for host, box in cfg.extra_binds:
-        bw += ["--ro-bind", host, box]
+    for host, box in cfg.file_binds:
+        bw += ["--bind", host, box]
     if as_pid_1:
         bw.append("--as-pid-1")
     bw.append("--")

@@ -32,7 +32,7 @@ from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, San
 from conch.sandbox.baseroot import RUNTIME_ENV
 from conch.sandbox.bwrap import (DEFAULT_PATH, BoxConfig, Cgroups, launcher_argv, proc_start_time, require_host,
                                  warn_once, write_id_maps)
-from conch.sandbox.localbuild import LocalImage, build_image, safe_extract
+from conch.sandbox.localbuild import LocalImage, build_image, lookup, safe_extract
 from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell
 
 _INIT = ("echo ready; exec >/dev/null 2>&1 </dev/null; trap : TERM INT HUP QUIT USR1 USR2; "
@@ -103,8 +103,9 @@ class LocalSandbox:
             self._cgroups = Cgroups(sid)
             self._cgroups.create(limits)
             self._write_owner({})
+            binds = self._identity_files(state, safe[:63])
             cfg = BoxConfig(state_dir=state, lowers=self.image.lowers, disk_image=disk, tmpfs_mb=tmpfs_mb,
-                            network=False, hostname=safe[:63])
+                            network=False, hostname=safe[:63], file_binds=binds)
             files = self._cgroups.procs_files()
             with open(state / "launch.log", "wb") as log:
                 self._launcher = await asyncio.create_subprocess_exec(
@@ -136,6 +137,18 @@ class LocalSandbox:
         if self._cwd != self.image.workdir:
             await self.exec(f"mkdir -p -- {_q(self._cwd)}", cwd="/")
         self.start_seconds = time.monotonic() - t0
+
+    def _identity_files(self, state: Path, hostname: str) -> tuple[tuple[str, str], ...]:
+        """/etc/hosts and /etc/hostname of this box (as Docker does): the image's hosts file plus a line that
+        makes the box's own hostname resolve, bound writable from the state folder."""
+        assert self.image is not None
+        found = lookup(list(self.image.lowers), ["etc", "hosts"])
+        hosts = found.read_text(errors="replace") if found is not None and found.is_file() else ""
+        if hosts and not hosts.endswith("\n"):
+            hosts += "\n"
+        (state / "hosts").write_text(hosts + f"127.0.1.1\t{hostname}\n")
+        (state / "hostname").write_text(hostname + "\n")
+        return ((str(state / "hosts"), "/etc/hosts"), (str(state / "hostname"), "/etc/hostname"))
 
     def _make_disk(self, state: Path, storage_mb: int) -> tuple[Path | None, int | None]:
         if os.path.exists("/dev/loop-control") and shutil.which("mkfs.ext4"):

@@ -320,3 +320,30 @@ def test_capture_can_be_switched(model_dir):
 
     off, on = run(go())
     assert off.routed_experts is None and on.routed_experts.shape == (1 + 3, 4, 2)
+
+
+def test_sampler_distribution_and_truncation():
+    from conch.engine.sampling import RowSpec, make_generator, sample
+
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
+    g = make_generator(0, torch.device("cpu"))
+
+    def draws(params, n=6000):
+        counts = torch.zeros(6)
+        for _ in range(n):
+            tok, lp = sample(logits, [RowSpec(params, g)])
+            counts[tok[0]] += 1
+        return counts / n, lp[0], tok[0]
+
+    freq, lp, tok = draws(SamplingParams(temperature=0.8))
+    expect = torch.softmax(logits[0] / 0.8, -1)
+    assert (freq - expect).abs().max() < 0.03
+    assert abs(lp - float(torch.log_softmax(logits[0] / 0.8, -1)[tok])) < 1e-6  # before truncation
+    freq, lp, tok = draws(SamplingParams(temperature=1.0, top_k=2), n=2000)
+    assert freq[2:].sum() == 0 and freq[:2].min() > 0.1
+    assert abs(lp - float(torch.log_softmax(logits[0], -1)[tok])) < 1e-6
+    p = torch.softmax(logits[0], -1)  # ≈ [.57, .21, .13, .08, .03, .001]: top_p=0.7 keeps the first two
+    freq, _, _ = draws(SamplingParams(temperature=1.0, top_p=0.7), n=2000)
+    assert float(p[0]) < 0.7 < float(p[:2].sum()) and freq[2:].sum() == 0 and freq[1] > 0.1
+    greedy, _ = sample(logits, [RowSpec(SamplingParams(temperature=0.0), g)])
+    assert greedy == [0]

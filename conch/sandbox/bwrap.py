@@ -222,10 +222,10 @@ def _own_cgroup(controller: str) -> str:
 
 
 class Cgroups:
-    """Per-sandbox cgroups under this process's own cgroups (so any outer limit still applies).
+    """Per-sandbox cgroups.
 
-    cgroup v1 (pids, memory, cpu hierarchies) when writable, else cgroup v2 when its controllers are
-    delegated; otherwise no limits, with one warning.
+    cgroup v1 (pids, memory, cpu hierarchies): under this process's own cgroups, so outer limits still apply.
+    cgroup v2 only: under /sys/fs/cgroup/conch (see `_create_v2`). Otherwise no limits, with one warning.
     """
 
     def __init__(self, name: str) -> None:
@@ -263,21 +263,41 @@ class Cgroups:
                             warn_once(f"cg-{fname}", f"could not set {fname} ({exc}); not enforced")
             return
         if (_CG_ROOT / "cgroup.controllers").exists():
-            path = _CG_ROOT / _own_cgroup("").lstrip("/") / f"conch-{self.name}"
-            try:
-                path.mkdir(exist_ok=True)
-                self.paths.append(path)
-                (path / "pids.max").write_text(str(limits.pids))
-                (path / "memory.max").write_text(str(limits.memory_mb << 20))
-                (path / "memory.swap.max").write_text("0")
-                (path / "cpu.max").write_text(f"{int(limits.cpus * 100000)} 100000")
-            except OSError as exc:
-                warn_once("cg2", f"cgroup v2 limits not available ({exc}); cpu/memory/pids limits not enforced")
+            self._create_v2(limits)
             return
         warn_once("cg-none", "no writable cgroups; cpu/memory/pids limits are not enforced")
 
-    def procs_files(self) -> list[str]:
-        return [str(p / "cgroup.procs") for p in self.paths]
+    def _create_v2(self, limits: Limits) -> None:
+        """cgroup v2: a leaf under /sys/fs/cgroup/conch. A process's own cgroup usually holds processes, and
+        v2 forbids enabling controllers below such a cgroup, so we start from the root (as root may)."""
+        wanted = [c for c in ("pids", "memory", "cpu") if c in (_CG_ROOT / "cgroup.controllers").read_text().split()]
+        enable = " ".join(f"+{c}" for c in wanted)
+        parent = _CG_ROOT / "conch"
+        try:
+            if not set(wanted) <= set((_CG_ROOT / "cgroup.subtree_control").read_text().split()):
+                (_CG_ROOT / "cgroup.subtree_control").write_text(enable)
+            parent.mkdir(exist_ok=True)
+            (parent / "cgroup.subtree_control").write_text(enable)
+            leaf = parent / f"conch-{self.name}"
+            leaf.mkdir(exist_ok=True)
+            self.paths.append(leaf)
+            values = {"pids.max": str(limits.pids), "memory.max": str(limits.memory_mb << 20),
+                      "memory.swap.max": "0", "cpu.max": f"{int(limits.cpus * 100000)} 100000"}
+            for fname, value in values.items():
+                if (leaf / fname).exists():
+                    (leaf / fname).write_text(value)
+            missing = sorted({"pids", "memory", "cpu"} - set(wanted))
+            if missing:
+                warn_once("cg2-missing", f"cgroup v2 controllers {', '.join(missing)} unavailable; not enforced")
+        except OSError as exc:
+            warn_once("cg2", f"cgroup v2 limits not available ({exc}); cpu/memory/pids limits not enforced")
+
+    def procs_files(self, limited: bool = True) -> list[str]:
+        """cgroup.procs files a sandbox process joins. `limited=False` (control commands, which must work
+        during a fork bomb) leaves out the pids limit: the v1 pids hierarchy, or the v2 leaf altogether."""
+        if limited:
+            return [str(p / "cgroup.procs") for p in self.paths]
+        return [str(p / "cgroup.procs") for p in self.paths if p.parent.name != "conch" and "/pids/" not in str(p)]
 
     def pids(self) -> set[int]:
         found: set[int] = set()
@@ -289,6 +309,12 @@ class Cgroups:
         return found
 
     def kill_all(self, timeout: float = 5.0) -> None:
+        for p in self.paths:
+            if (p / "cgroup.kill").exists():  # cgroup v2, Linux 5.14+
+                try:
+                    (p / "cgroup.kill").write_text("1")
+                except OSError:
+                    pass
         deadline = time.monotonic() + timeout
         while (pids := self.pids()) and time.monotonic() < deadline:
             for pid in pids:

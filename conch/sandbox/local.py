@@ -216,9 +216,7 @@ class LocalSandbox:
         `limited=False` skips the pids cgroup (control commands must work during a fork bomb).
         """
         pid = self._require_started()
-        files = self._cgroups.procs_files() if self._cgroups else []
-        if not limited:
-            files = [f for f in files if "/pids/" not in f]
+        files = self._cgroups.procs_files(limited) if self._cgroups else []
         # `cd` on the command's own first line keeps bash's error line numbers unchanged.
         text = f"cd -- {_q(cwd or self._cwd)} || exit 125; {script}"
         return ["/bin/sh", "-c", _JOIN, "sh", *files, "--", "nsenter", "-t", str(pid), *_NSENTER_NS, "--root",

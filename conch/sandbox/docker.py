@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import functools
-import io
 import os
 import re
 import shutil
@@ -35,6 +34,7 @@ from typing import Any
 
 from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec, ShellSession
 from conch.sandbox import docker_images as images
+from conch.sandbox.localbuild import safe_extract
 from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell
 
 HOST_GRACE_S = 10.0  # host-side guard beyond a command's own timeout (the in-container `timeout` kills first)
@@ -372,8 +372,11 @@ class DockerSandbox:
         if not src.exists():
             raise FileNotFoundError(f"upload source {src} does not exist")
         target = PurePosixPath(dest if dest.startswith("/") else f"{self._workdir or '/'}/{dest}")
-        buf = await _call(_tar_for_upload, src, str(target).lstrip("/"))
-        ok = await _call(api.put_archive, container, "/", buf)
+        spool = await _call(_tar_for_upload, src, str(target).lstrip("/"))
+        try:
+            ok = await _call(api.put_archive, container, "/", spool)
+        finally:
+            spool.close()
         if not ok:
             raise SandboxError(f"sandbox {self.name}: copying {src} to {target} failed")
 
@@ -382,36 +385,42 @@ class DockerSandbox:
 
         api, container = self._require()
         target = src if src.startswith("/") else f"{self._workdir or '/'}/{src}"
-        try:
-            data = await _call(_get_archive_bytes, api, container, target)
-        except docker.errors.NotFound as exc:
-            raise FileNotFoundError(f"sandbox {self.name}: {target} does not exist") from exc
-        await _call(_extract_download, data, PurePosixPath(target).name or "root", Path(dest))
+        with tempfile.TemporaryFile() as spool:
+            try:
+                await _call(_get_archive, api, container, target, spool)
+            except docker.errors.NotFound as exc:
+                raise FileNotFoundError(f"sandbox {self.name}: {target} does not exist") from exc
+            await _call(_extract_download, spool, PurePosixPath(target).name or ".", Path(dest))
 
 
-def _tar_for_upload(src: Path, arcname: str) -> bytes:
-    """A tar of `src` named `arcname` (a path under /), without entries for the parents (kept as they are)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        def norm(info: tarfile.TarInfo) -> tarfile.TarInfo:
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            return info
+def _tar_for_upload(src: Path, arcname: str) -> Any:
+    """A tar (a spooled file) of `src` named `arcname` (a path under /), without entries for its parents,
+    which keep their modes and owners in the box."""
+    spool = tempfile.TemporaryFile()
 
+    def norm(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
+    with tarfile.open(fileobj=spool, mode="w") as tar:
         tar.add(str(src), arcname=arcname, filter=norm)
-    return buf.getvalue()
+    spool.seek(0)
+    return spool
 
 
-def _get_archive_bytes(api: Any, container: str, path: str) -> bytes:
+def _get_archive(api: Any, container: str, path: str, spool: Any) -> None:
     stream, _stat = api.get_archive(container, path)
-    return b"".join(stream)
+    for chunk in stream:
+        spool.write(chunk)
+    spool.seek(0)
 
 
-def _extract_download(data: bytes, top: str, dest: Path) -> None:
+def _extract_download(spool: Any, top: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".conch-dl-") as tmp:
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            tar.extractall(tmp, filter="data")
+        with tarfile.open(fileobj=spool) as tar:  # the same checks as the local backend's download
+            safe_extract(tar, Path(tmp), owner=(os.getuid(), os.getgid()))
         got = Path(tmp) / top
         if dest.is_dir() and not dest.is_symlink() and got.is_dir():
             shutil.copytree(got, dest, symlinks=True, dirs_exist_ok=True)

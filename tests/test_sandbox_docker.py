@@ -99,8 +99,7 @@ def test_generate_dockerfile_rewrites_from_lines():
     gen = di.generate_dockerfile(text, "conch/base:x", "Dockerfile", lambda ref: False)
     assert gen.standins == ("python:3.12-slim", "ubuntu:22.04")
     froms = [line for line in gen.text.splitlines() if line.upper().startswith("FROM")]
-    assert froms == ["FROM --platform=linux/amd64 conch/base:x AS build", "FROM build AS second", "FROM scratch",
-                     "FROM conch/base:x"]
+    assert froms == ["FROM conch/base:x AS build", "FROM build AS second", "FROM scratch", "FROM conch/base:x"]
     # every non-scratch stage gets the build CA for its RUN steps, as build ARGs (never ENV)
     assert gen.text.count(f"COPY {di.BUILD_DIR}/ca.crt {di.CA_IN_IMAGE}") == 3
     assert gen.text.count(f"ARG SSL_CERT_FILE={di.CA_IN_IMAGE}") == 3

@@ -7,8 +7,9 @@ exec of bash whose hijacked API connection carries stdin and the multiplexed std
 without blocking a thread, so `--jobs N` sessions cost N sockets and no threads.
 
 Containers run with networking disabled (network_mode "none"), the task's CPU/memory/pids limits, and labels
-(`io.conch.kind=sandbox`, `io.conch.owner=<host>:<pid>`) so that `conch sandbox gc` can remove whatever a
-crashed run left. Every container this process starts is also removed at interpreter exit (Ctrl-C included).
+(`io.conch.kind=sandbox`, `io.conch.owner=<host>:<pid>:<start time>`) so that `conch sandbox gc` can remove
+whatever a crashed run left. Every container this process starts is also removed at interpreter exit (Ctrl-C
+included).
 """
 
 from __future__ import annotations

@@ -240,7 +240,9 @@ def generate_dockerfile(text: str, base_ref: str, source: str, image_exists: Cal
             raise SandboxError(f"{source}:{ins.line}: FROM {ref} cannot be pulled (no registry access) and has no "
                                "offline stand-in (python:3.x, debian:*, ubuntu:*, ghcr.io/laude-institute/t-bench/*);"
                                " load it into the engine first (`docker load`)")
-        flags = [f"--{k}={v}" for k, v in ins.flags]
+        # --platform names the platform to pull for; the local base has exactly one (the classic builder may
+        # even refuse the flag), so it is dropped for stand-ins
+        flags = [f"--{k}={v}" for k, v in ins.flags if not (new_ref == base_ref and k == "platform")]
         head = " ".join(["FROM", *flags, new_ref] + (["AS", alias] if alias else []))
         block = [head]
         if new_ref != "scratch":

@@ -197,6 +197,8 @@ def test_no_network_and_limits(box):
     assert hc["NetworkMode"] == "none" and not info["NetworkSettings"].get("IPAddress")
     assert (hc["NanoCpus"], hc["Memory"], hc["PidsLimit"]) == (500_000_000, 300 * 2**20, 128)
     assert info["Config"]["Labels"][di.LABEL_KIND] == "sandbox"
+    oom = loop.run_until_complete(sb.exec("python3 -c 'b = bytearray(600 * 2**20)'"))
+    assert oom.exit_code == 137 and not oom.timed_out  # killed by the memory limit, not a timeout
     # RUN steps saw this machine's CA bundle (build ARGs); the running box's environment does not name it
     assert run_text(box, "cat /ca.sum").strip() == hashlib.sha256(di.build_ca_bundle()).hexdigest()
     assert run_text(box, "env | grep -c CERT || true").strip() == "0"

@@ -336,17 +336,6 @@ class Cgroups:
                     time.sleep(0.01)
 
 
-def join_cgroups(files: list[str]) -> None:
-    """preexec_fn body: move the calling (child) process into the sandbox's cgroups."""
-    pid = str(os.getpid())
-    for f in files:
-        try:
-            with open(f, "w") as fh:
-                fh.write(pid)
-        except OSError:
-            pass
-
-
 def proc_start_time(pid: int) -> int | None:
     """Kernel start time of `pid` (to tell a live owner from a recycled pid), or None when gone."""
     try:

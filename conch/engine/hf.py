@@ -98,7 +98,7 @@ class HFEngine:
         self.model.set_attn_implementation(register())
         cfg = self.model.config
         self._layers = cfg.num_hidden_layers
-        self._kv_heads = cfg.num_key_value_heads
+        self._kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 1 << 30))
         shape = moe_shape(self.model)

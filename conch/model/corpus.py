@@ -60,7 +60,8 @@ LANG_SNIPPETS = (
 ERRORS = (
     "bash: {w}: command not found", "cat: {p}: No such file or directory", "rm: cannot remove '{p}': Permission denied",
     "mkdir: cannot create directory '{p}': File exists", "grep: {p}: Is a directory",
-    "fatal: not a git repository (or any of the parent directories): .git", "make: *** No rule to make target '{w}'.  Stop.",
+    "fatal: not a git repository (or any of the parent directories): .git",
+    "make: *** No rule to make target '{w}'.  Stop.",
     "error: externally-managed-environment", "Segmentation fault (core dumped)", "Killed",
     "E: Unable to locate package {w}", "ModuleNotFoundError: No module named '{w}'",
     "SyntaxError: invalid syntax", "curl: (7) Failed to connect to localhost port {n}: Connection refused",

@@ -73,6 +73,8 @@ class TaskDraft:
     - `files`: path relative to /app -> content; written to environment/files/ and COPY'd to /app.
     - `build_files`: path relative to environment/ -> content, for build-time helpers (not copied by default).
     - `build_steps`: Dockerfile lines appended after the COPY (RUN/ENV/...), e.g. chmod or seeded generators.
+    - `base_steps`: Dockerfile lines before the COPY (package installs), so every task of a family shares
+      that cached build layer.
     - `tests`: test function sources (3..8 of them), each independent of the others.
     - `test_prelude`: module-level code after the common header (expected values, fixtures).
     - `solution`: reference shell commands, one per agent turn.
@@ -84,6 +86,7 @@ class TaskDraft:
     files: dict[str, str | bytes] = field(default_factory=dict)
     build_files: dict[str, str] = field(default_factory=dict)
     build_steps: list[str] = field(default_factory=list)
+    base_steps: list[str] = field(default_factory=list)
     test_prelude: str = ""
     image: str = DEBIAN
     difficulty: str = "easy"
@@ -272,6 +275,9 @@ def sha256_text(s: str | bytes) -> str:
 
 def _dockerfile(draft: TaskDraft) -> str:
     lines = [f"FROM {draft.image}", "", "WORKDIR /app", ""]
+    if draft.base_steps:
+        lines.extend(draft.base_steps)
+        lines.append("")
     lines.append("COPY files/ /app/")
     if draft.build_steps:
         lines.append("")

@@ -261,7 +261,7 @@ def json_reshape(rng: random.Random) -> TaskDraft:
             items.append(f"`{dst}`: every distinct tag used in any record's `tags` list, one per line, sorted.")
             tests.append(f"def test_tags():\n    assert lines({dst!r}) == {want!r}\n")
             sol.append(_pyscript(load + f"open({dst!r}, 'w').write(''.join(t + '\\n' for t in sorted({{t for r in recs "
-                                 "for t in r['tags']}})))"))
+                                 "for t in r['tags']})))"))
         else:
             dst = f"{out}/by-id.json"
             want = {str(p["id"]): p["name"] for p in people if not p["active"]}

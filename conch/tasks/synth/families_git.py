@@ -136,5 +136,5 @@ def git_history(rng: random.Random) -> TaskDraft:
     return TaskDraft(instruction=compose(rng, intro, items, outro="Leave the working tree clean (everything "
                                                                    "committed)."),
                      tests=tests, solution=sol, files={".gen/make_repo.sh": "\n".join(s) + "\n"},
-                     build_steps=[APT_GIT, "RUN bash /app/.gen/make_repo.sh && rm -rf /app/.gen"],
+                     base_steps=[APT_GIT], build_steps=["RUN bash /app/.gen/make_repo.sh && rm -rf /app/.gen"],
                      test_prelude=prelude, difficulty="medium", tags=("git",))

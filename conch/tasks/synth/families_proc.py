@@ -171,7 +171,7 @@ def service_daemon(rng: random.Random) -> TaskDraft:
         "    assert 'worker.py' in cmdline\n",
         "def test_new_job_is_processed():\n"
         "    pathlib.Path(QUEUE, 'zz-probe.job').write_text('add 40 2\\nmul 6 7\\n')\n"
-        "    deadline = time.time() + 15\n"
+        "    deadline = time.time() + 8\n"
         "    result = pathlib.Path(DONE, 'zz-probe.result')\n"
         "    while time.time() < deadline and not result.exists():\n"
         "        time.sleep(0.2)\n"

@@ -60,6 +60,7 @@ def text_pipeline(rng: random.Random) -> TaskDraft:
         desc = (f"{'colon' if fmt == 'colon' else 'tab'}-separated fields in this order: "
                 + ", ".join(f"`{k}`" for k in order) + " (no header line)")
     text = "".join(render(r) + "\n" for r in recs)
+    awk_sep = ":" if fmt == "colon" else "\\t"
 
     def field_cmd(f: str) -> str:
         if fmt == "kv":
@@ -110,8 +111,7 @@ def text_pipeline(rng: random.Random) -> TaskDraft:
                 sol.append(f"{match_cmd('status', st)} | grep -oE '(^| )ms=[0-9]+' | cut -d= -f2 | "
                            f"awk '{{s += $1}} END {{print s + 0}}' > {out}/total-ms-{st}.txt")
             else:
-                sep = ":" if fmt == "colon" else "\\t"
-                sol.append(f"awk -F'{sep}' '${order.index('status') + 1} == \"{st}\" {{s += ${order.index('ms') + 1}}}"
+                sol.append(f"awk -F'{awk_sep}' '${order.index('status') + 1} == \"{st}\" {{s += ${order.index('ms') + 1}}}"
                            f" END {{print s + 0}}' {q(path)} > {out}/total-ms-{st}.txt")
         elif op == "replace":
             f = pick(rng, ["host", "user"])
@@ -136,8 +136,7 @@ def text_pipeline(rng: random.Random) -> TaskDraft:
                            f"kv[2] + 0 > m) {{ m = kv[2] + 0; l = $0 }} }}}} END {{print l}}' {q(path)} > "
                            f"{out}/slowest.txt")
             else:
-                sep = ":" if fmt == "colon" else "\\t"
-                sol.append(f"awk -F'{sep}' '${order.index('ms') + 1} > m {{m = ${order.index('ms') + 1}; l = $0}} "
+                sol.append(f"awk -F'{awk_sep}' '${order.index('ms') + 1} > m {{m = ${order.index('ms') + 1}; l = $0}} "
                            f"END {{print l}}' {q(path)} > {out}/slowest.txt")
     sol.append(f"head -3 {out}/*")
     tests.append(f"def test_input_unchanged():\n    assert hashlib.sha256(pathlib.Path({path!r}).read_bytes())"

@@ -347,3 +347,30 @@ def test_sampler_distribution_and_truncation():
     assert float(p[0]) < 0.7 < float(p[:2].sum()) and freq[2:].sum() == 0 and freq[1] > 0.1
     greedy, _ = sample(logits, [RowSpec(SamplingParams(temperature=0.0), g)])
     assert greedy == [0]
+
+
+@pytest.mark.parametrize("family,window", [("qwen2_moe", None), ("olmoe", None), ("mixtral", None), ("mixtral", 8)])
+def test_other_moe_families_match_full_forward(family, window):
+    """GQA with several KV heads, shared experts, sliding windows: chunked multi-turn equals a full forward."""
+    from tests.test_routing import tiny
+
+    model = tiny(family)
+    if window:
+        model.config.sliding_window = window
+    prompt_ids = list(range(3, 20))
+
+    async def go():
+        eng = HFEngine(model, max_step_tokens=5)
+        sid = await eng.open_session(prompt_ids)
+        r1 = await eng.generate(sid, [], SamplingParams(max_new_tokens=6, seed=1))
+        r2 = await eng.generate(sid, [30, 31, 32, 33], SamplingParams(max_new_tokens=6, seed=1))
+        await eng.aclose()
+        return r1, r2
+
+    r1, r2 = run(go())
+    seq = prompt_ids + r1.token_ids + [30, 31, 32, 33] + r2.token_ids
+    logp, experts = full_forward(model, seq)
+    pos = list(range(17, 23)) + list(range(len(seq) - 6, len(seq)))
+    assert np.allclose(r1.logprobs + r2.logprobs, [logp[p - 1, seq[p]].item() for p in pos], atol=1e-4)
+    rows = np.concatenate([r1.routed_experts, r2.routed_experts])
+    assert np.array_equal(np.sort(rows, -1), np.sort(experts, -1))

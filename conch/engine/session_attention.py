@@ -136,10 +136,10 @@ def _chunk_behind_cache(q, k, v, s: int, scaling, groups: int) -> torch.Tensor:
     if groups > 1:
         kc, vc = kc.repeat_interleave(groups, 1), vc.repeat_interleave(groups, 1)
     o2, l2 = _FLASH_CPU(q, kc, vc, is_causal=True, scale=scaling)
-    l1, l2 = l1.view(1, heads, n, 1).float(), l2.view(1, heads, n, 1).float()
+    l1, l2 = l1.reshape(1, heads, n, 1).float(), l2.reshape(1, heads, n, 1).float()
     top = torch.maximum(l1, l2)
     w1, w2 = (l1 - top).exp(), (l2 - top).exp()
-    return ((o1.view(1, heads, n, dim).float() * w1 + o2.float() * w2) / (w1 + w2)).to(q.dtype)
+    return ((o1.reshape(1, heads, n, dim).float() * w1 + o2.float() * w2) / (w1 + w2)).to(q.dtype)
 
 
 def register() -> str:

@@ -374,3 +374,20 @@ def test_other_moe_families_match_full_forward(family, window):
     assert np.allclose(r1.logprobs + r2.logprobs, [logp[p - 1, seq[p]].item() for p in pos], atol=1e-4)
     rows = np.concatenate([r1.routed_experts, r2.routed_experts])
     assert np.array_equal(np.sort(rows, -1), np.sort(experts, -1))
+
+
+def test_benches_run(model_dir, capsys):
+    """Smoke test of `conch bench engine` and `conch bench horizon` on small settings (real runs)."""
+    import json
+
+    from conch.cli import main as conch_main
+
+    assert conch_main(["bench", "engine", "--json", "--model", str(model_dir), "--batch-sizes", "1,2",
+                       "--new-tokens", "4", "--repeats", "1", "--decode-repeats", "1", "--capture-batch", "2"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["batch"] for r in out["decode"]] == [1, 2] and all(r["tokens_per_s"] > 0 for r in out["decode"])
+    assert out["capture"]["tokens_per_s_capture"] > 0 and out["capture"]["tokens_per_s_no_capture"] > 0
+    assert conch_main(["bench", "horizon", "--json", "--model", str(model_dir), "--turns", "2,4"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["turns"] == [2, 4] and len(out["seconds_reuse"]) == 2 and len(out["seconds_no_reuse"]) == 2
+    assert 0 < out["seconds_reuse"][0] <= out["seconds_reuse"][1]

@@ -170,7 +170,7 @@ WORDS = {
 }
 
 SYN = {
-    "write": ["Write", "Save", "Store", "Put", "Record"],
+    "write": ["Write", "Save", "Output"],
     "create": ["Create", "Produce", "Generate", "Build", "Make"],
     "file": ["file", "file"],
     "exactly": ["exactly", "precisely"],

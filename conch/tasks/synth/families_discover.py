@@ -216,7 +216,8 @@ def chain_follow(rng: random.Random) -> TaskDraft:
     chain, secret = plan["facts"]["chain"], plan["facts"]["secret"]
     answer = pick(rng, ["/app/answer.txt", "/app/secret.txt", "/app/solution.txt"])
     path_file = pick(rng, ["/app/path.txt", "/app/route.txt", "/app/visited.txt"])
-    where = "(a path relative to `{root}`{sub})".format(root=root, sub=", e.g. `a/xyz.txt`" if subdirs else "")
+    example = f", e.g. `{subdirs[-1]}/{'x' * params['namelen']}{params['ext']}`" if subdirs else ""
+    where = f"(a path relative to `{root}`{example})"
     intro = pick(rng, [
         f"`{root}` holds a trail of files. Start at `{root}/{chain[0]}`. Each file on the trail names the next "
         f"one with {fdesc} {where}; the last file says `{params['end']}` and holds a line `secret: <value>`.",

@@ -292,8 +292,8 @@ _MODE_WORDS = {
     0o640: "readable and writable by the owner, readable by the group, no access for others",
     0o644: "readable by everyone, writable only by the owner",
     0o444: "read-only for everyone",
-    0o1777: "world-writable with the sticky bit set (like /tmp)",
-    0o2775: "group-writable with the setgid bit set (mode 2775)",
+    0o1777: "world-writable with the sticky bit set, like /tmp",
+    0o2775: "group-writable with the setgid bit set",
     0o750: "fully accessible by the owner, readable and enterable by the group, closed to others",
 }
 

@@ -119,7 +119,8 @@ def batch_tickets(rng: random.Random) -> TaskDraft:
              f"`/app/{data}` unchanged."]
     instruction = compose(rng, intro, items)
     k = min(4, max(1, n // 5))
-    groups = [tickets[i::k] for i in range(k)]
+    # Contiguous groups in ticket order, so an agent working through the queue in order earns partial credit.
+    groups = [tickets[i * len(tickets) // k:(i + 1) * len(tickets) // k] for i in range(k)]
     prelude = (f"OUT = {out!r}\nINBOX = '/app/{inbox}'\n\n\n"
                "def check(expected):\n"
                "    for tid, ans in expected.items():\n"
@@ -210,7 +211,7 @@ def manifest_audit(rng: random.Random) -> TaskDraft:
     bad_rel = sorted(r for r, b in facts.items() if b)
     ok_rel = sorted(r for r, b in facts.items() if not b)
     g = min(3, max(1, len(lines_) // 4))
-    chunks = [lines_[i::g] for i in range(g)]
+    chunks = [lines_[i * len(lines_) // g:(i + 1) * len(lines_) // g] for i in range(g)]
     tests = [f"def test_report_part_{i + 1}():\n    assert set({literal(sorted(c))}) <= set(lines({report!r}))\n"
              for i, c in enumerate(chunks)]
     tests.append(f"def test_report_exact():\n    assert lines({report!r}) == {literal(lines_)}\n")

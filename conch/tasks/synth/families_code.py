@@ -17,7 +17,6 @@ from conch.tasks.synth.base import (
     family,
     literal,
     pick,
-    q,
     say,
     sed_replace,
     words,

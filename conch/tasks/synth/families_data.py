@@ -18,7 +18,6 @@ from conch.tasks.synth.base import (
     TaskDraft,
     compose,
     family,
-    heredoc,
     hexid,
     literal,
     pick,

@@ -30,6 +30,7 @@ from typing import Any
 
 from conch.config import Config, ConfigError, describe
 from conch.rl.stages import (
+    Corpus,
     EvalResult,
     agent_config,
     build_corpus,
@@ -61,10 +62,12 @@ def train(cfg: Config, run_dir: Path) -> dict[str, Any]:
     check_config(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(describe(cfg))
-    return asyncio.run(_train(cfg, run_dir))
+    t_start = time.monotonic()
+    corpus = build_corpus(cfg, run_dir)  # synchronous: it validates tasks with its own event loop
+    return asyncio.run(_train(cfg, run_dir, corpus, t_start))
 
 
-async def _train(cfg: Config, run_dir: Path) -> dict[str, Any]:
+async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> dict[str, Any]:
     import torch
 
     from conch.agent.rollout import progress_printer, run_rollouts
@@ -80,9 +83,7 @@ async def _train(cfg: Config, run_dir: Path) -> dict[str, Any]:
     from conch.rl.update import ppo_update, prepare
     from conch.tasks.synth.trajectories import BASH_TOOL
 
-    t_start = time.monotonic()
     torch.manual_seed(cfg.run.seed)
-    corpus = build_corpus(cfg, run_dir)
     train_tasks = load_task_list(corpus.train)
     eval_tasks = load_task_list(corpus.eval)
     heldout_tasks = load_task_list(corpus.heldout)

@@ -32,7 +32,7 @@ class ValueModel(nn.Module):
         return cls(backbone, policy.config.hidden_size)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         return self.head(hidden.float()).squeeze(-1)
 
     def save(self, out: Path) -> None:
@@ -51,11 +51,13 @@ class ValueModel(nn.Module):
 
 
 def value_forward(critic: ValueModel, batch: Any, replay: bool) -> torch.Tensor:
-    """Values [B, T] (value at position t: expected return after token t is in context), replaying routing."""
+    """Values [B, T] (value at position t: expected return after token t is in context), replaying routing.
+    Memory at long T: turn on `conch.rl.batch.set_gradient_checkpointing(critic, True)` (replay stays exact)."""
     from contextlib import nullcontext
 
-    from conch.moe.routing import RoutingReplay, replay_routing
+    from conch.moe.routing import RoutingReplay
+    from conch.rl.batch import replaying
 
     state = RoutingReplay(batch.experts, record_own=False) if (replay and batch.experts is not None) else None
-    with replay_routing(critic.backbone, state) if state is not None else nullcontext():
+    with replaying(critic.backbone, state) if state is not None else nullcontext():
         return critic(batch.ids, batch.attn)

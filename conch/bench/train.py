@@ -77,12 +77,14 @@ def _lengths(text: str) -> list[int]:
 
 
 def agent_mask(T: int, rng: random.Random) -> list[int]:
-    """1 for tokens the model sampled: alternating observations (50-600 tokens, the first one is the prompt)
-    and model turns (20-200 tokens), cut at T."""
+    """1 for tokens the model sampled: alternating observations (50-600 tokens; the first, the prompt, at most
+    T/4) and model turns (20-200 tokens), cut at T."""
     mask: list[int] = []
     sampled = False
     while len(mask) < T:
         n = rng.randint(20, 200) if sampled else rng.randint(50, 600)
+        if not mask:
+            n = min(n, max(1, T // 4))
         mask.extend([int(sampled)] * n)
         sampled = not sampled
     mask = mask[:T]

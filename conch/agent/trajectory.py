@@ -51,6 +51,7 @@ class Turn:
     gen_seconds: float = 0.0
     env_seconds: float = 0.0
     sampled_ids: list[int] | None = None  # retokenize mode only: the ids as sampled
+    drift: list[str] = field(default_factory=list)  # DriftKind values counted at this turn's boundaries
 
 
 def encode_routing(arr: np.ndarray | None) -> dict | None:

@@ -30,10 +30,12 @@ def opt(default: Any, doc: str) -> Any:
 class CorpusConfig:
     train_tasks: str = opt("", "folder of training tasks; empty: synthesize the train split into RUNDIR/corpus")
     eval_tasks: str = opt("", "folder of evaluation tasks; empty: synthesize new seeds of the training families")
-    n_train: int = opt(48, "synthesized training tasks")
-    n_eval: int = opt(48, "synthesized evaluation tasks (train families, seeds never trained on)")
-    n_heldout: int = opt(12, "synthesized tasks of the heldout families (transfer to unseen kinds of task)")
-    families: list = opt([], "train families to synthesize (empty: all of the train split)")
+    n_train: int = opt(150, "synthesized training tasks")
+    n_eval: int = opt(60, "synthesized evaluation tasks (train families, seeds never trained on)")
+    n_heldout: int = opt(10, "synthesized tasks of the heldout families (transfer to unseen kinds of task)")
+    families: list = opt(["make-dirs", "write-words", "count-lines", "copy-files", "remove-files"],
+                          "train families to synthesize (default: the starter families sized for the tiny demo model; "
+                          "empty: every family of the train split)")
     seed: int = opt(1, "synthesis seed of the training tasks (eval uses disjoint seeds)")
 
 
@@ -47,9 +49,9 @@ class ModelConfig:
 
 @dataclass
 class AgentLoopConfig:
-    max_turns: int = opt(16, "assistant turns per episode")
-    max_new_tokens: int = opt(96, "tokens per assistant turn")
-    max_context: int = opt(4096, "context limit in tokens")
+    max_turns: int = opt(6, "assistant turns per episode")
+    max_new_tokens: int = opt(64, "tokens per assistant turn")
+    max_context: int = opt(2048, "context limit in tokens")
     obs_token_budget: int = opt(256, "observation tokens kept per command (head and tail)")
     command_timeout: float = opt(30.0, "seconds per command")
     temperature: float = opt(1.0, "sampling temperature for training rollouts")
@@ -59,7 +61,7 @@ class AgentLoopConfig:
 
 @dataclass
 class SFTConfig:
-    steps: int = opt(600, "maximum optimizer steps of the warm start")
+    steps: int = opt(400, "maximum optimizer steps of the warm start")
     lr: float = opt(2e-3, "learning rate")
     batch_size: int = opt(8, "trajectories per step")
     val_fraction: float = opt(0.1, "share of expert trajectories held out for the validation-loss curve")
@@ -111,7 +113,7 @@ class RewardConfig:
 @dataclass
 class EvalConfig:
     n_per_task: int = opt(2, "samples per evaluation task")
-    temperature: float = opt(0.0, "evaluation sampling temperature (0: greedy)")
+    temperature: float = opt(1.0, "evaluation sampling temperature (1: the policy's own distribution, as trained; 0: greedy)")
 
 
 @dataclass

@@ -133,20 +133,21 @@ def train_sft(
     for step in range(1, steps + 1):
         batch = [train[rng.randrange(len(train))] for _ in range(batch_size)]
         loss = _batch_loss(model, batch, pad_id)
+        loss_value = loss.item()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         report.steps = step
-        report.train_loss.append((step, float(loss)))
+        report.train_loss.append((step, loss_value))
         if val and (step % eval_every == 0 or step == steps):
             v = val_loss()
             report.val_loss.append((step, v))
             if log is not None:
-                log(step, float(loss), v)
+                log(step, loss_value, v)
             else:
-                print(f"sft step {step}/{steps}  train {float(loss):.3f}  val {v:.3f}", file=sys.stderr, flush=True)
+                print(f"sft step {step}/{steps}  train {loss_value:.3f}  val {v:.3f}", file=sys.stderr, flush=True)
             if v < report.best_val - 1e-3:
                 report.best_val = v
                 best_state = copy.deepcopy(model.state_dict())

@@ -69,6 +69,9 @@ def build_corpus(cfg: Config, run_dir: Path) -> Corpus:
         log(f"synthesizing {c.n_eval} evaluation tasks (training families, unseen seeds)")
         synthesize(eval_dir, c.n_eval, c.seed + EVAL_SEED_OFFSET, train_fams, validate=True, jobs=cfg.run.jobs,
                    backend=cfg.run.sandbox, log=lambda m: None)
+        dropped = drop_seen_instructions(eval_dir, train)
+        if dropped:
+            log(f"dropped {dropped} evaluation task(s) whose instruction also occurs in the training set")
     heldout = root / "heldout"
     if c.n_heldout > 0:
         log(f"synthesizing {c.n_heldout} tasks of the heldout families")
@@ -79,6 +82,20 @@ def build_corpus(cfg: Config, run_dir: Path) -> Corpus:
                                   "trajectories": str(traj_path) if traj_path else None,
                                   "seconds": time.monotonic() - t0})
     return corpus
+
+
+def drop_seen_instructions(eval_dir: Path, train_dir: Path) -> int:
+    """Remove evaluation tasks whose instruction text is identical to a training task's, so every evaluated
+    instance is one the policy never trained on (random draws of small starter families can collide)."""
+    import shutil
+
+    seen = {p.read_text() for p in train_dir.glob("*/instruction.md")}
+    dropped = 0
+    for p in sorted(eval_dir.glob("*/instruction.md")):
+        if p.read_text() in seen:
+            shutil.rmtree(p.parent)
+            dropped += 1
+    return dropped
 
 
 def load_task_list(folder: Path) -> list:

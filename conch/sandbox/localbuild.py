@@ -57,8 +57,8 @@ def build_image(context: Path | None, dockerfile: Path | None, quiet: bool = Fal
     if not context.is_dir():
         raise SandboxError(f"build context {context} is not a directory")
     p = plan(parse(dockerfile))
-    warn_once(f"from:{dockerfile}", f"{dockerfile}: FROM {p.config.base_image} runs on the local Debian bookworm "
-                                    "base root (use --sandbox docker for the exact image)", kind="note")
+    warn_once(f"from:{p.config.base_image}", f"FROM {p.config.base_image} runs on the local Debian bookworm base root "
+              f"(first seen in {dockerfile}; use --sandbox docker for the exact image)", kind="note")
     for note in p.notes:
         warn_once(note, note, kind="note")
     return _build(p, context, root, quiet)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from conch.tasks.synth.base import REGISTRY, SPLITS, Family, TaskDraft, derive_seed, rng_for, task_name, write_task
 
-FAMILY_MODULES = ("families_files", "families_text", "families_data", "families_code", "families_git",
+FAMILY_MODULES = ("families_basic", "families_files", "families_text", "families_data", "families_code", "families_git",
                   "families_proc", "families_discover", "families_long")
 
 

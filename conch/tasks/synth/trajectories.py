@@ -9,15 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-SYSTEM_PROMPT = """You are an autonomous agent operating a Linux machine through a bash shell.
-
-You act by calling the `bash` tool with one shell command per call. Commands run one after another in the same
-persistent shell session, so the working directory, environment variables and background jobs carry over. After
-each call you receive the command's combined stdout and stderr, followed by its exit code.
-
-Work step by step: inspect the machine before changing it, read command output carefully, and check your results.
-Interactive programs (editors, pagers, prompts) will hang the shell; use non-interactive commands instead.
-When the task is fully done, reply with a short final message and no tool call."""
+SYSTEM_PROMPT = """You operate a Linux machine through the `bash` tool: one shell command per call, run in a persistent
+session (working directory, variables and background jobs carry over). Each call returns the command's output and
+exit code. Do not start interactive programs. When the task is done, reply with a short message and no tool call."""
 
 BASH_TOOL: dict[str, Any] = {
     "type": "function",

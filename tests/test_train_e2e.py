@@ -1,0 +1,78 @@
+"""End to end: the real `conch train` CLI on a minute-sized config (tiny model, real local sandboxes), then
+`--resume` continuing from the last complete iteration; and config-time failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY = [
+    "corpus.n_train=5", "corpus.n_eval=3", "corpus.n_heldout=0",
+    "sft.steps=4", "sft.eval_every=2", "sft.batch_size=2",
+    "critic.iterations=1", "critic.epochs=1",
+    "ppo.iterations=1", "ppo.tasks_per_iter=2", "ppo.n_per_task=2", "ppo.epochs=1", "ppo.micro_batch=2",
+    "ppo.grad_accum=1", "ppo.concurrency=4",
+    "agent.max_turns=2", "agent.max_new_tokens=12",
+    "eval.n_per_task=1",
+]
+
+
+def conch(*args: str, home: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "conch", *args], capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def home(base_root) -> None:
+    """The real CONCH_HOME (base root and toolchain prepared by `make install`)."""
+    return None
+
+
+def test_train_then_resume(tmp_path, home):
+    run = tmp_path / "run"
+    p = conch("train", "--out", str(run), "--json", *TINY, home=home)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert json.loads((run / "summary.json").read_text()) == summary
+    for key in ("pass_rate", "tests_passed_mean"):
+        assert set(summary[key]) == {"init", "warm", "final"}
+        assert all(0.0 <= v <= (1.0 if key == "pass_rate" else 10.0) for v in summary[key].values())
+    assert summary["eval_tasks"] >= 1 and summary["minutes"] > 0
+    assert {"logprob_abs_diff", "routing_disagreement"} <= set(summary["mismatch"])
+    assert summary["mismatch"]["logprob_abs_diff"] >= 0.0
+    assert "pass rate" in p.stderr  # the summary table
+
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0]
+    for key in ("reward/mean", "mismatch/logprob_abs_diff", "mismatch/k3_kl", "mismatch/routing_disagreement",
+                "train/policy_loss", "train/value_loss", "train/clip_frac", "rollout/turns_mean"):
+        assert key in rows[0], key
+    sft = json.loads((run / "sft.done.json").read_text())
+    assert sft["steps"] >= 1 and sft["val_curve"]
+    assert (run / "warm" / "config.json").exists() and (run / "critic.done.json").exists()
+
+    # Resume with a larger iteration budget: the stages are skipped and PPO continues at iteration 1.
+    p2 = conch("train", "--resume", str(run), "ppo.iterations=2", home=home)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    assert "resumed from" in p2.stderr
+    assert "SFT warm start" not in p2.stderr and "synthesizing" not in p2.stderr
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1]
+
+
+def test_routing_replay_on_a_dense_model_fails_at_config_time(tmp_path, home):
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64}))
+    p = conch("train", "--out", str(tmp_path / "run"), f"model.path={dense}", home=home)
+    assert p.returncode == 2
+    assert "routing_replay" in p.stderr and "no MoE layers" in p.stderr
+    assert not (tmp_path / "run" / "corpus").exists()
+
+
+def test_bad_override_is_a_usage_error(tmp_path, home):
+    p = conch("train", "--out", str(tmp_path / "run"), "ppo.no_such_key=1", home=home)
+    assert p.returncode == 2 and "ppo.no_such_key" in p.stderr

@@ -37,7 +37,8 @@ def write_words(rng: random.Random) -> TaskDraft:
     targets = words(rng, "animal", 2)
     values = words(rng, "fruit", 2)
     pairs = [(f"/app/{t}.txt", v) for t, v in zip(targets, values)]
-    instruction = " ".join(f"Write the word {v} to {p}." for p, v in pairs) + "\n"
+    form = pick(rng, ["Put {v} into {p}.", "Save {v} in {p}.", "Store {v} in {p}."])
+    instruction = " ".join(form.format(v=v, p=p) for p, v in pairs) + "\n"
     tests = []
     for (p, v), t in zip(pairs, targets):
         tests.append(f"def test_{t}_exists():\n    assert os.path.isfile({p!r})\n")
@@ -53,7 +54,10 @@ def count_lines(rng: random.Random) -> TaskDraft:
     n = rng.randint(3, 40)
     body = "".join(pick(rng, ["alpha", "beta", "gamma", "delta", "omega"]) + f" {rng.randint(0, 999)}\n"
                    for _ in range(n))
-    instruction = f"Write the number of lines in {src} to /app/count.txt.\n"
+    form = pick(rng, ["Write the number of lines in {src} to /app/count.txt.",
+                      "Count the lines of {src} and save the number in /app/count.txt.",
+                      "Save the line count of {src} in /app/count.txt."])
+    instruction = form.format(src=src) + "\n"
     tests = [
         "def test_count_exists():\n    assert os.path.isfile('/app/count.txt')\n",
         "def test_count_is_a_number():\n    assert read('/app/count.txt').strip().isdigit()\n",

@@ -20,7 +20,9 @@ Sandboxes are started before the clock starts (their start time is reported apar
 episode, which lasts hundreds of turns in training). Rollout and engine-only runs alternate `--repeats` times
 and the best of each is kept, so a burst of load from elsewhere on the machine hits both sides alike. Per-phase
 engine counters (forward seconds, steps) show where the rest of the time goes: an engine busy fraction well
-below the engine-only one means the loop left the batch idle (commands, tokenization, event-loop stalls).
+below the engine-only one means the loop left the batch idle (commands, tokenization, event-loop stalls); a
+longer forward per step means the loop's own CPU work (tokenization, chat template, shell I/O, the sandboxes)
+slowed the engine's steps down by competing for cores or the GIL.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class Phase:
             "steps_per_s": round(self.env_steps / s, 2),
             "engine_busy": round(self.forward_seconds / s, 3),
             "tokens_per_step": round(self.sampled_tokens / max(1, self.engine_steps), 2),
+            "forward_ms_per_step": round(1000 * self.forward_seconds / max(1, self.engine_steps), 2),
         }
 
 
@@ -233,16 +236,17 @@ def _apply_quick(args: argparse.Namespace) -> None:
 
 
 def _table(result: dict) -> str:
-    cols = ("tokens_per_s", "steps_per_s", "turns_per_s", "seconds", "engine_busy", "tokens_per_step")
+    cols = ("tokens_per_s", "steps_per_s", "turns_per_s", "seconds", "engine_busy", "tokens_per_step",
+            "forward_ms_per_step")
     lines = [f"model {result['model']} ({result['dtype']}, {result['device']}), mode {result['mode']}; "
              f"{result['turns']} turns x <= {result['max_new_tokens']} tokens; command: {result['command']}",
-             f"{'run':<22}" + "".join(f"{c:>18}" for c in cols)]
+             f"{'run':<22}" + "".join(f"{c:>20}" for c in cols)]
     for name, key in ((f"rollout (C={result['concurrency']})", "rollout"),
                       (f"engine only (C={result['concurrency']})", "engine_only"),
                       (f"sequential (x{result['sequential']['sessions']})", "sequential")):
         row = result[key]
         cells = ["-" if key == "engine_only" and c == "steps_per_s" else row[c] for c in cols]  # no env there
-        lines.append(f"{name:<22}" + "".join(f"{x:>18}" for x in cells))
+        lines.append(f"{name:<22}" + "".join(f"{x:>20}" for x in cells))
     ok = "meets" if result["ratio_vs_engine"] >= result["target_ratio"] else "below"
     pt = result["per_turn"]
     lines.append(f"rollout / engine only: {result['ratio_vs_engine']:.3f} ({ok} the target {result['target_ratio']}); "

@@ -23,7 +23,7 @@ SIZES: dict[str, dict] = {
                   moe_intermediate_size=256, intermediate_size=1024, num_experts=16, num_experts_per_tok=2),
 }
 MAX_POSITIONS = 32768  # enough for 300-turn conversations
-INIT_VERSION = 2  # bump when SIZES or the tokenizer corpus change: cached models are keyed by it
+INIT_VERSION = 3  # bump when SIZES, the chat template or the tokenizer corpus change: cached models are keyed by it
 
 
 @dataclass(frozen=True)

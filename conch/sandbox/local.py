@@ -388,7 +388,11 @@ def gc_sandboxes(force: bool = False) -> list[str]:
         try:
             info = json.loads((d / "owner.json").read_text())
         except (OSError, ValueError):
-            if time.time() - d.stat().st_mtime < 120 and not force:
+            try:
+                young = time.time() - d.stat().st_mtime < 120
+            except FileNotFoundError:
+                continue  # its owner (or another gc) removed it meanwhile
+            if young and not force:
                 continue  # being created right now
             info = {}
         owner = info.get("owner_pid")

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-SYSTEM_PROMPT = """You operate a Linux machine through the `bash` tool: one shell command per call, run in a persistent
-session (working directory, variables and background jobs carry over). Each call returns the command's output and
-exit code. Do not start interactive programs. When the task is done, reply with a short message and no tool call."""
+SYSTEM_PROMPT = """You operate a Linux machine through the `bash` tool: one command per call, in a persistent shell session.
+Each call returns the output and exit code. When the task is done, reply briefly without a tool call."""
 
 BASH_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "bash",
-        "description": "Run one command in the persistent bash session and return its output and exit code.",
+        "description": "Run a command in the persistent bash session.",
         "parameters": {
             "type": "object",
-            "properties": {"command": {"type": "string", "description": "The shell command to run."}},
+            "properties": {"command": {"type": "string", "description": "Shell command."}},
             "required": ["command"],
         },
     },

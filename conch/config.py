@@ -33,7 +33,7 @@ class CorpusConfig:
     n_train: int = opt(150, "synthesized training tasks")
     n_eval: int = opt(60, "synthesized evaluation tasks (train families, seeds never trained on)")
     n_heldout: int = opt(10, "synthesized tasks of the heldout families (transfer to unseen kinds of task)")
-    families: list = opt(["make-dirs", "write-words", "count-lines", "copy-files", "remove-files"],
+    families: list = opt(["make-dirs", "count-lines", "count-files", "copy-files", "remove-files"],
                           "train families to synthesize (default: the starter families sized for the tiny demo model; "
                           "empty: every family of the train split)")
     seed: int = opt(1, "synthesis seed of the training tasks (eval uses disjoint seeds)")

@@ -150,7 +150,7 @@ GROUPS = [
     ["log-triage", "config-patch", "csv-aggregate", "json-reshape", "csv-join"],
     ["shell-bugfix", "python-bugfix", "git-history", "service-daemon", "http-service"],
     ["discover-value", "chain-follow", "batch-tickets", "manifest-audit"],
-    ["make-dirs", "write-words", "count-lines", "copy-files", "remove-files"],
+    ["make-dirs", "count-lines", "count-files", "copy-files", "remove-files"],
 ]
 
 

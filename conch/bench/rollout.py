@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sequential", type=int, default=4,
                         help="trajectories run one at a time for the sequential figure (default 4)")
     parser.add_argument("--repeats", type=int, default=2, help="alternating rollout / engine-only runs; best kept")
-    parser.add_argument("--command", default="ls -l /etc | head -n 12",
+    parser.add_argument("--command", dest="fallback_command", default="ls -l /etc | head -n 12",
                         help="the command every turn runs (the fallback for a model that emits no tool call)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true",
@@ -166,7 +166,7 @@ async def _bench(args: argparse.Namespace) -> dict:
     engine = HFEngine(model, dtype=args.dtype, device=args.device, capture_routing=True, max_batch=c)
     codec = ChatCodec(engine.tokenizer, tools=[BASH_TOOL])
     cfg = AgentConfig(max_turns=args.turns, max_new_tokens=args.max_new_tokens, mode="tito",
-                      fallback_command=args.command)
+                      fallback_command=args.fallback_command)
     sandboxes = [make_sandbox("local", SandboxSpec(name=f"bench-rollout-{i}")) for i in range(c)]
     try:
         t0 = time.perf_counter()
@@ -175,7 +175,7 @@ async def _bench(args: argparse.Namespace) -> dict:
         start_seconds = time.perf_counter() - t0
         print(f"{c} sandboxes started in {start_seconds:.2f}s", file=sys.stderr)
         # Warm-up: every shell and engine session size once (allocators, first-call paths), off the clock.
-        warm = AgentConfig(max_turns=1, max_new_tokens=4, mode="tito", fallback_command=args.command)
+        warm = AgentConfig(max_turns=1, max_new_tokens=4, mode="tito", fallback_command=args.fallback_command)
         await _episodes(engine, codec, shells, warm, args.seed + 1, list(range(c)), True)
 
         rollouts: list[Phase] = []
@@ -212,7 +212,7 @@ async def _bench(args: argparse.Namespace) -> dict:
     turns = [t for tr in trajs for t in tr.turns]
     return {
         "model": model, "dtype": args.dtype, "device": args.device, "mode": "tito", "concurrency": c,
-        "turns": args.turns, "max_new_tokens": args.max_new_tokens, "command": args.command,
+        "turns": args.turns, "max_new_tokens": args.max_new_tokens, "command": args.fallback_command,
         "repeats": max(1, args.repeats),
         "rollout": r, "engine_only": e, "sequential": s,
         "ratio_vs_engine": round(r["tokens_per_s"] / e["tokens_per_s"], 4),

@@ -1,101 +1,127 @@
-"""Starter families: one- or two-command tasks sized for the embedded demo's tiny model.
+"""Starter families: one-command tasks sized for the embedded demo's tiny model.
 
-Why they exist: the demo (`conch train` with its defaults) must show learning on a 2-core CPU in minutes,
-with a 5.6M-parameter model trained from scratch. The other families need many turns of long pipelines, which
-such a model cannot learn in that budget. These keep what matters for the recipe: a real shell, real files,
-the task's own tests, several tests per task (so the count reward is dense: 2 of 3 beats 0 of 3), and names
-drawn at random per seed, so a policy must read the instruction and copy the right names into its commands —
-a new seed cannot be solved by replaying a memorised command.
+Why they exist: the demo (`conch train` with its defaults) must show learning on a 2-core CPU in minutes, with
+a 5.6M-parameter model trained from scratch. The other families need long multi-turn pipelines, and even
+copying arbitrary names from an instruction into a command is beyond such a model in that budget (measured: a
+warm start on name-copying tasks reached 0% at temperature 1). These keep what matters for the recipe: a real
+shell, real files, the task's own tests, several tests per task (so the count reward is dense: 2 of 4 beats
+0 of 4), and instances that differ per seed. The command is a family skeleton plus a few slots (a folder, a
+file extension, a count) drawn from small vocabularies that the instruction names, so the policy must read
+the instruction to fill them; the files themselves (names, contents, how many) are random per seed and never
+named, so the command must work on whatever is there (globs, pipes) rather than replay memorised names.
 """
 
 from __future__ import annotations
 
 import random
 
-from conch.tasks.synth.base import TRAIN, TaskDraft, family, literal, pick, q, words
+from conch.tasks.synth.base import TRAIN, TaskDraft, family, literal, pick, words
 
 FINAL = "Done."
+DIRS = ["data", "input", "logs"]
+CONTEXT = ["", "", "The files are already in place. ", "Use the shell. ", "Tidy work matters here. ",
+           "One command is enough. ", "Small chore: ",
+           "Housekeeping: ", "Before the nightly backup runs: ", "Please help. ", "For the demo box: ",
+           "Cleanup request: "]
+CLOSING = ["", "", " Keep it simple.", " No need to explain.", " Thanks!"]
 
 
-def _join(items: list[str]) -> str:
-    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else items[0]
+def _say(rng: random.Random, openings: list[str], **slots: object) -> str:
+    """An instruction in one of several wordings, with optional sentences around it (surface variety)."""
+    return pick(rng, CONTEXT) + pick(rng, openings).format(**slots) + pick(rng, CLOSING) + "\n"
 
 
-@family("make-dirs", TRAIN, "starter", "create three named directories")
+def _junk(rng: random.Random, n: int) -> list[str]:
+    return [f"{pick(rng, ['alpha', 'beta', 'gamma', 'delta', 'omega'])} {rng.randint(0, 999)}\n" for _ in range(n)]
+
+
+@family("make-dirs", TRAIN, "starter", "create N numbered folders")
 def make_dirs(rng: random.Random) -> TaskDraft:
-    names = words(rng, "animal", 3)
-    paths = [f"/app/{n}" for n in names]
-    verb = pick(rng, ["Create", "Make"])
-    instruction = f"{verb} the directories {_join(paths)}.\n"
-    tests = [f"def test_dir_{n}():\n    assert os.path.isdir({p!r})\n" for n, p in zip(names, paths)]
-    return TaskDraft(instruction=instruction, tests=tests, solution=["mkdir -p " + " ".join(paths)],
+    base, n = pick(rng, ["out", "jobs", "runs"]), rng.randint(2, 4)
+    instruction = _say(rng, ["Create the folders /app/{b}/1 to /app/{b}/{n}.",
+                             "Make numbered folders /app/{b}/1 up to /app/{b}/{n}.",
+                             "Create {n} numbered folders in /app/{b}, from 1 to {n}."], b=base, n=n)
+    tests = [f"def test_folder_{i}():\n    assert os.path.isdir('/app/{base}/{i}')\n" for i in range(1, n + 1)]
+    tests.append(f"def test_no_other_folders():\n"
+                 f"    assert sorted(os.listdir('/app/{base}')) == {sorted(str(i) for i in range(1, n + 1))!r}\n")
+    return TaskDraft(instruction=instruction, tests=tests, solution=[f"mkdir -p /app/{base}/{{1..{n}}}"],
                      files={"README": "scratch space\n"}, final_message=FINAL, tags=("starter", "mkdir"))
 
 
-@family("write-words", TRAIN, "starter", "write given words into named files")
-def write_words(rng: random.Random) -> TaskDraft:
-    targets = words(rng, "animal", 2)
-    values = words(rng, "fruit", 2)
-    pairs = [(f"/app/{t}.txt", v) for t, v in zip(targets, values)]
-    form = pick(rng, ["Put {v} into {p}.", "Save {v} in {p}.", "Store {v} in {p}."])
-    instruction = " ".join(form.format(v=v, p=p) for p, v in pairs) + "\n"
-    tests = []
-    for (p, v), t in zip(pairs, targets):
-        tests.append(f"def test_{t}_exists():\n    assert os.path.isfile({p!r})\n")
-        tests.append(f"def test_{t}_content():\n    assert read({p!r}).strip() == {v!r}\n")
-    return TaskDraft(instruction=instruction, tests=tests, solution=[f"echo {v} > {p}" for p, v in pairs],
-                     files={"README": "scratch space\n"}, final_message=FINAL, tags=("starter", "echo"))
-
-
-@family("count-lines", TRAIN, "starter", "count the lines of a named file")
+@family("count-lines", TRAIN, "starter", "count the lines of the file in a folder")
 def count_lines(rng: random.Random) -> TaskDraft:
-    name = pick(rng, ["fruit", "city", "animal"])
-    src = f"/app/{words(rng, name, 1)[0]}.txt"
-    n = rng.randint(3, 40)
-    body = "".join(pick(rng, ["alpha", "beta", "gamma", "delta", "omega"]) + f" {rng.randint(0, 999)}\n"
-                   for _ in range(n))
-    form = pick(rng, ["Write the number of lines in {src} to /app/count.txt.",
-                      "Count the lines of {src} and save the number in /app/count.txt.",
-                      "Save the line count of {src} in /app/count.txt."])
-    instruction = form.format(src=src) + "\n"
+    d, n = pick(rng, DIRS), rng.randint(3, 40)
+    name = words(rng, pick(rng, ["fruit", "city", "animal"]), 1)[0]
+    instruction = _say(rng, ["Count the lines of the file in /app/{d}; store the count in /app/count.txt.",
+                             "Write the number of lines of the file in /app/{d} to /app/count.txt.",
+                             "How many lines does the file in /app/{d} have? Put the number in /app/count.txt."],
+                       d=d)
     tests = [
         "def test_count_exists():\n    assert os.path.isfile('/app/count.txt')\n",
         "def test_count_is_a_number():\n    assert read('/app/count.txt').strip().isdigit()\n",
         f"def test_count_value():\n    assert int(read('/app/count.txt').strip()) == {n}\n",
     ]
-    return TaskDraft(instruction=instruction, tests=tests, solution=[f"wc -l < {src} > /app/count.txt"],
-                     files={src[5:]: body}, final_message=FINAL, tags=("starter", "wc"))
+    return TaskDraft(instruction=instruction, tests=tests, solution=[f"cat /app/{d}/* | wc -l > /app/count.txt"],
+                     files={f"{d}/{name}.txt": "".join(_junk(rng, n))}, final_message=FINAL, tags=("starter", "wc"))
 
 
-@family("copy-files", TRAIN, "starter", "copy two named files into a folder")
+@family("count-files", TRAIN, "starter", "count the files in a folder")
+def count_files(rng: random.Random) -> TaskDraft:
+    d, n = pick(rng, DIRS), rng.randint(2, 12)
+    names = words(rng, "name", n)
+    instruction = _say(rng, ["Write how many files /app/{d} holds to /app/total.txt.",
+                             "Count the files in /app/{d} and save the number in /app/total.txt.",
+                             "Put the number of files in /app/{d} into /app/total.txt."], d=d)
+    tests = [
+        "def test_total_exists():\n    assert os.path.isfile('/app/total.txt')\n",
+        "def test_total_is_a_number():\n    assert read('/app/total.txt').strip().isdigit()\n",
+        f"def test_total_value():\n    assert int(read('/app/total.txt').strip()) == {n}\n",
+    ]
+    return TaskDraft(instruction=instruction, tests=tests, solution=[f"ls /app/{d} | wc -l > /app/total.txt"],
+                     files={f"{d}/{x}.dat": pick(rng, _junk(rng, 3)) for x in names}, final_message=FINAL,
+                     tags=("starter", "ls"))
+
+
+def _mixed_files(rng: random.Random, folder: str, ext: str, exts: list[str]) -> tuple[dict[str, str], list, list]:
+    """Two or three files with extension `ext` and two with other extensions, random names."""
+    names = words(rng, "city", rng.randint(4, 5))
+    chosen = names[: len(names) - 2]
+    others = [(x, pick(rng, [e for e in exts if e != ext])) for x in names[len(chosen):]]
+    files = {f"{folder}/{x}.{ext}": f"{x} {rng.randint(1000, 9999)}\n" for x in chosen}
+    files.update({f"{folder}/{x}.{e}": f"{x} {rng.randint(1000, 9999)}\n" for x, e in others})
+    return files, [f"{x}.{ext}" for x in chosen], [f"{x}.{e}" for x, e in others]
+
+
+@family("copy-files", TRAIN, "starter", "copy the files of one extension into a folder")
 def copy_files(rng: random.Random) -> TaskDraft:
-    names = words(rng, "city", 4)
-    chosen = names[:2]
-    files = {f"in/{n}.txt": f"{n} {rng.randint(1000, 9999)}\n" for n in names}
-    srcs = [f"/app/in/{n}.txt" for n in chosen]
-    instruction = f"Copy {_join(srcs)} into the folder /app/out.\n"
-    prelude = f"EXPECTED = {literal({f'{n}.txt': files[f'in/{n}.txt'] for n in chosen})}\n"
+    exts = ["txt", "csv", "log"]
+    ext = pick(rng, exts)
+    files, chosen, _ = _mixed_files(rng, "in", ext, exts)
+    instruction = _say(rng, ["Copy the .{e} files of /app/in into /app/out.",
+                             "Copy every .{e} file from /app/in to the folder /app/out.",
+                             "Put copies of the .{e} files in /app/in into /app/out."], e=ext)
+    prelude = f"EXPECTED = {literal({n: files[f'in/{n}'] for n in chosen})}\n"
     tests = ["def test_out_folder():\n    assert os.path.isdir('/app/out')\n"]
-    for n in chosen:
-        tests.append(f"def test_copied_{n}():\n    assert read('/app/out/{n}.txt') == EXPECTED['{n}.txt']\n")
-    tests.append("def test_nothing_else_copied():\n"
-                 "    assert sorted(os.listdir('/app/out')) == sorted(EXPECTED)\n")
+    tests += [f"def test_copied_{i}():\n    assert read('/app/out/{n}') == EXPECTED['{n}']\n"
+              for i, n in enumerate(chosen)]
+    tests.append("def test_nothing_else_copied():\n    assert sorted(os.listdir('/app/out')) == sorted(EXPECTED)\n")
     return TaskDraft(instruction=instruction, tests=tests, test_prelude=prelude,
-                     solution=["mkdir -p /app/out && cp " + " ".join(srcs) + " /app/out/"],
+                     solution=[f"mkdir -p /app/out && cp /app/in/*.{ext} /app/out/"],
                      files=files, final_message=FINAL, tags=("starter", "cp"))
 
 
-@family("remove-files", TRAIN, "starter", "delete two named files, keep the rest")
+@family("remove-files", TRAIN, "starter", "delete the files of one extension, keep the rest")
 def remove_files(rng: random.Random) -> TaskDraft:
-    names = words(rng, "name", 5)
-    doomed, kept = names[:2], names[2:]
-    files = {f"tmp/{n}.log": f"{n} log\n" for n in names}
-    paths = [f"/app/tmp/{n}.log" for n in doomed]
-    instruction = f"Delete {_join(paths)}. Keep the other files in /app/tmp.\n"
-    tests = [f"def test_removed_{n}():\n    assert not os.path.exists('/app/tmp/{n}.log')\n" for n in doomed]
-    tests.append(f"def test_others_kept():\n    assert sorted(os.listdir('/app/tmp')) == {sorted(f'{n}.log' for n in kept)!r}\n")
-    return TaskDraft(instruction=instruction, tests=tests, solution=["rm -f " + " ".join(q(p) for p in paths)],
+    exts = ["log", "tmp", "bak"]
+    ext = pick(rng, exts)
+    files, doomed, kept = _mixed_files(rng, "tmp", ext, exts)
+    instruction = _say(rng, ["Delete the .{e} files in /app/tmp and keep the others.",
+                             "Remove every .{e} file from /app/tmp; leave the other files alone.",
+                             "In /app/tmp, delete all .{e} files and nothing else."], e=ext)
+    tests = [f"def test_removed_{i}():\n    assert not os.path.exists('/app/tmp/{n}')\n" for i, n in enumerate(doomed)]
+    tests.append(f"def test_others_kept():\n    assert sorted(os.listdir('/app/tmp')) == {sorted(kept)!r}\n")
+    return TaskDraft(instruction=instruction, tests=tests, solution=[f"rm -f /app/tmp/*.{ext}"],
                      files=files, final_message=FINAL, tags=("starter", "rm"))
 
 
-STARTER_FAMILIES = ("make-dirs", "write-words", "count-lines", "copy-files", "remove-files")
+STARTER_FAMILIES = ("make-dirs", "count-lines", "count-files", "copy-files", "remove-files")

@@ -16,8 +16,13 @@ from conch.config import Config
 EVAL_SEED_OFFSET = 1_000_000  # eval tasks use synthesis seeds far from the training seeds
 
 
+_T0 = time.monotonic()
+
+
 def log(msg: str) -> None:
-    print(f"conch train: {msg}", file=sys.stderr, flush=True)
+    """A progress line on stderr, stamped with minutes:seconds since the command started."""
+    m, s = divmod(int(time.monotonic() - _T0), 60)
+    print(f"conch train [{m:02d}:{s:02d}]: {msg}", file=sys.stderr, flush=True)
 
 
 def marker(run_dir: Path, name: str) -> dict | None:

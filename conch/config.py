@@ -91,6 +91,8 @@ class PPOConfig:
     max_grad_norm: float = opt(1.0, "gradient clipping")
     gamma: float = opt(1.0, "discount per sampled token")
     lam: float = opt(0.95, "GAE lambda")
+    group_baseline: bool = opt(False, "subtract each task's mean reward over its K rollouts before GAE (variance "
+                                      "reduction while the critic is young)")
     clip_low: float = opt(0.2, "policy ratio clip below 1")
     clip_high: float = opt(0.28, "policy ratio clip above 1 (asymmetric clip)")
     dual_clip: float = opt(3.0, "dual-clip bound for negative advantages (0: off)")

@@ -176,7 +176,8 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
                 trajs, _ = await rollout(tasks, it_seed=10_000 + i)                      # rollout + verify
                 kept, _excluded = partition(trajs)
                 prepared, _ = prepare(policy, critic, kept, pad_id, replay, cfg.reward.mode,    # reward + GAE
-                                      cfg.ppo.gamma, cfg.ppo.lam, cfg.ppo.micro_batch)
+                                      cfg.ppo.gamma, cfg.ppo.lam, cfg.ppo.micro_batch,
+                                      group_baseline=cfg.ppo.group_baseline)
                 stats = ppo_update(policy, critic, None, opt_v, prepared, pad_id, replay, loss_cfg,  # critic only
                                    cfg.critic.epochs, cfg.ppo.micro_batch, cfg.ppo.grad_accum,
                                    cfg.ppo.max_grad_norm, update_policy=False, seed=i)
@@ -201,7 +202,8 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
             trajs, rstats = await rollout(tasks, it_seed=it)                                   # rollout + verify
             kept, excluded = partition(trajs)                                                   # errors excluded
             prepared, mismatch = prepare(policy, critic, kept, pad_id, replay, cfg.reward.mode,  # reward + GAE
-                                         cfg.ppo.gamma, cfg.ppo.lam, cfg.ppo.micro_batch)
+                                         cfg.ppo.gamma, cfg.ppo.lam, cfg.ppo.micro_batch,
+                                         group_baseline=cfg.ppo.group_baseline)
             t_upd = time.monotonic()
             stats = ppo_update(policy, critic, opt_pi, opt_v, prepared, pad_id, replay, loss_cfg,  # update
                                cfg.ppo.epochs, cfg.ppo.micro_batch, cfg.ppo.grad_accum, cfg.ppo.max_grad_norm,

@@ -18,7 +18,7 @@ from conch.rl.batch import collate, policy_forward
 from conch.rl.critic import value_forward
 from conch.rl.losses import LossConfig, LossStats, ppo_loss, value_loss
 from conch.rl.mismatch import mismatch_metrics
-from conch.rl.rewards import token_rewards
+from conch.rl.rewards import last_sampled_index, token_rewards
 
 
 @dataclass
@@ -46,9 +46,15 @@ def _pad(rows: list[torch.Tensor], T: int) -> torch.Tensor:
 @torch.no_grad()
 def prepare(
     policy: Any, critic: Any, trajs: Sequence[Trajectory], pad_id: int, replay: bool, reward_mode: str,
-    gamma: float, lam: float, micro_batch: int, whiten_adv: bool = True,
+    gamma: float, lam: float, micro_batch: int, whiten_adv: bool = True, group_baseline: bool = False,
 ) -> tuple[list[Prepared], dict[str, float]]:
-    """Old log-probs (the trainer's, before any update), values, rewards, GAE; plus mismatch metrics."""
+    """Old log-probs (the trainer's, before any update), values, rewards, GAE; plus mismatch metrics.
+
+    `group_baseline`: subtract from each trajectory's final reward the mean final reward of the K rollouts of
+    the same task, before GAE (the critic then learns the centred returns). A baseline that depends only on
+    the task leaves the expected gradient unchanged and removes the between-task variance that a young
+    critic cannot explain yet."""
+    offsets = _group_offsets(trajs, reward_mode) if group_baseline else {}
     prepared: list[Prepared] = []
     mm_sum: dict[str, float] = {}
     mm_tokens = 0
@@ -62,7 +68,8 @@ def prepare(
             mm_sum[k] = mm_sum.get(k, 0.0) + float(v) * n_tok
         mm_tokens += n_tok
         T = batch.ids.shape[1]
-        rewards = torch.stack([_pad_1d(token_rewards(t, reward_mode), T) for t in chunk])
+        rewards = torch.stack([_pad_1d(_shifted(t, token_rewards(t, reward_mode), offsets.get(id(t), 0.0)), T)
+                               for t in chunk])
         if values is None:
             values = torch.zeros_like(lp)
         adv, ret = gae(rewards, values, batch.mask, gamma=gamma, lam=lam)
@@ -78,6 +85,25 @@ def prepare(
             p.adv = torch.where(m, (p.adv - mean) / std, torch.zeros_like(p.adv))
     metrics = {k: v / max(mm_tokens, 1.0) for k, v in mm_sum.items()}
     return prepared, metrics
+
+
+def _group_offsets(trajs: Sequence[Trajectory], reward_mode: str) -> dict[int, float]:
+    """id(trajectory) -> mean total reward of its task's rollouts in this batch."""
+    groups: dict[str, list[tuple[int, float]]] = {}
+    for t in trajs:
+        r = token_rewards(t, reward_mode)
+        if r is not None:
+            groups.setdefault(t.task, []).append((id(t), float(r.sum())))
+    return {i: sum(v for _, v in g) / len(g) for g in groups.values() for i, _ in g}
+
+
+def _shifted(t: Trajectory, rewards: torch.Tensor | None, offset: float) -> torch.Tensor | None:
+    """Subtract `offset` at the last sampled token (where the final reward sits)."""
+    if rewards is None or not offset:
+        return rewards
+    out = rewards.clone()
+    out[last_sampled_index(t.mask)] -= offset
+    return out
 
 
 def _pad_1d(x: torch.Tensor | None, T: int) -> torch.Tensor:

@@ -61,17 +61,17 @@ class AgentLoopConfig:
 
 @dataclass
 class SFTConfig:
-    steps: int = opt(400, "maximum optimizer steps of the warm start")
+    steps: int = opt(200, "maximum optimizer steps of the warm start")
     lr: float = opt(2e-3, "learning rate")
     batch_size: int = opt(8, "trajectories per step")
     val_fraction: float = opt(0.1, "share of expert trajectories held out for the validation-loss curve")
-    eval_every: int = opt(25, "steps between validation-loss measurements")
-    patience: int = opt(4, "stop after this many validations without improvement (the plateau)")
+    eval_every: int = opt(20, "steps between validation-loss measurements")
+    patience: int = opt(2, "stop after this many validations without improvement (the plateau)")
 
 
 @dataclass
 class CriticConfig:
-    iterations: int = opt(3, "critic warm-up iterations (rollouts of the frozen warm policy)")
+    iterations: int = opt(2, "critic warm-up iterations (rollouts of the frozen warm policy)")
     lr: float = opt(1e-3, "critic learning rate")
     epochs: int = opt(4, "passes over each batch of rollouts")
     patience: int = opt(2, "stop when explained variance has not improved this many iterations")
@@ -79,19 +79,21 @@ class CriticConfig:
 
 @dataclass
 class PPOConfig:
-    iterations: int = opt(8, "PPO iterations")
+    iterations: int = opt(10, "PPO iterations")
     tasks_per_iter: int = opt(16, "tasks sampled per iteration")
     n_per_task: int = opt(4, "rollouts per task (K)")
     concurrency: int = opt(16, "trajectories in flight")
-    lr: float = opt(5e-4, "actor learning rate")
+    lr: float = opt(2e-5, "actor learning rate")
     critic_lr: float = opt(1e-3, "critic learning rate")
     epochs: int = opt(2, "optimisation passes over each batch")
     micro_batch: int = opt(4, "trajectories per forward/backward")
-    grad_accum: int = opt(4, "micro-batches per optimizer step")
+    grad_accum: int = opt(16, "micro-batches per optimizer step")
     max_grad_norm: float = opt(1.0, "gradient clipping")
     gamma: float = opt(1.0, "discount per sampled token")
-    lam: float = opt(0.95, "GAE lambda")
-    group_baseline: bool = opt(False, "subtract each task's mean reward over its K rollouts before GAE (variance "
+    lam: float = opt(1.0, "GAE lambda")
+    loss_agg: str = opt("token-mean", "loss aggregation: token-mean (every sampled token weighs the same) or "
+                                      "seq-mean-token-mean (every trajectory weighs the same)")
+    group_baseline: bool = opt(True, "subtract each task's mean reward over its K rollouts before GAE (variance "
                                       "reduction while the critic is young)")
     clip_low: float = opt(0.2, "policy ratio clip below 1")
     clip_high: float = opt(0.28, "policy ratio clip above 1 (asymmetric clip)")
@@ -101,7 +103,7 @@ class PPOConfig:
     entropy_coef: float = opt(0.0, "entropy bonus")
     tis_cap: float = opt(2.0, "truncated importance-sampling cap for the train/inference gap (0: off)")
     routing_replay: bool = opt(True, "R3: replay the sampler's expert choices in the trainer (MoE models only)")
-    eval_every: int = opt(4, "iterations between evaluations")
+    eval_every: int = opt(0, "iterations between evaluations (0: only the final one)")
     checkpoint_every: int = opt(1, "iterations between checkpoints")
     keep_checkpoints: int = opt(2, "checkpoints kept")
 
@@ -125,7 +127,7 @@ class RunConfig:
     jobs: int = opt(2, "sandboxes at once for corpus validation")
     tensorboard: bool = opt(False, "also log to TensorBoard (needs the tensorboard package)")
     wandb: bool = opt(False, "also log to Weights & Biases (needs wandb)")
-    time_budget_minutes: float = opt(0.0, "stop PPO early after this many minutes (0: no limit)")
+    time_budget_minutes: float = opt(16.0, "stop PPO early once the run has taken this many minutes, then evaluate and summarise (0: no limit)")
 
 
 @dataclass

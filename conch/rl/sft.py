@@ -117,7 +117,14 @@ def train_sft(
     train = [examples[i] for i in order[n_val:]] or val
     report = SFTReport(steps=0, examples=len(train), val_examples=len(val))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
+    warmup = min(20, max(1, steps // 10))
+
+    def lr_factor(s: int) -> float:  # linear warm-up, then cosine decay to 10% at the step budget
+        if s < warmup:
+            return (s + 1) / warmup
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, steps - warmup))))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     best_state = None
     bad = 0
     t0 = time.monotonic()

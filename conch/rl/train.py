@@ -54,6 +54,10 @@ def check_config(cfg: Config) -> None:
         if not experts:
             raise ConfigError(f"ppo.routing_replay = true, but the model at {cfg.model.path} has no MoE layers "
                               f"(no num_experts in config.json); set ppo.routing_replay = false")
+    from conch.rl.losses import AGG_MODES
+
+    if cfg.ppo.loss_agg not in AGG_MODES:
+        raise ConfigError(f"ppo.loss_agg = {cfg.ppo.loss_agg!r}; choose one of {', '.join(AGG_MODES)}")
     if cfg.ppo.micro_batch < 1 or cfg.ppo.grad_accum < 1 or cfg.ppo.n_per_task < 1:
         raise ConfigError("ppo.micro_batch, ppo.grad_accum and ppo.n_per_task must be at least 1")
 
@@ -139,7 +143,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
         loss_cfg = LossConfig(clip_low=cfg.ppo.clip_low, clip_high=cfg.ppo.clip_high,
                               dual_clip=cfg.ppo.dual_clip or None, value_clip=cfg.ppo.value_clip or None,
                               entropy_coef=cfg.ppo.entropy_coef, kl_coef=cfg.ppo.kl_coef,
-                              tis_cap=cfg.ppo.tis_cap or None)
+                              tis_cap=cfg.ppo.tis_cap or None, agg=cfg.ppo.loss_agg)
         ref_model = None
         if cfg.ppo.kl_coef:
             import copy
@@ -215,7 +219,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
             m["time/update_s"] = update_s
             m["time/iteration_s"] = time.monotonic() - t_it
             m["train/tokens_per_s"] = sum(len(p.traj.tokens) for p in prepared) * max(1, cfg.ppo.epochs) / max(update_s, 1e-9)
-            if (it + 1) % cfg.ppo.eval_every == 0 and it + 1 < cfg.ppo.iterations:               # eval
+            if cfg.ppo.eval_every and (it + 1) % cfg.ppo.eval_every == 0 and it + 1 < cfg.ppo.iterations:               # eval
                 res = await run_eval(f"iter{it + 1}", eval_tasks, seed=11)
                 if res is not None:
                     m["eval/pass_rate"], m["eval/tests_passed_mean"] = res.pass_rate, res.tests_passed_mean

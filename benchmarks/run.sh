@@ -47,7 +47,7 @@ fi
 if [ "$TARGET" = cpu ]; then
   [ $sandboxes = 1 ] && bench sandbox 300 --backend local
   bench engine 600 "${DEV[@]}"
-  bench horizon 600 "${DEV[@]}"
+  bench horizon 600 "${DEV[@]}" --no-reuse-budget 120
   bench train 600 "${DEV[@]}"
 else
   bench engine 120 "${DEV[@]}" --dtype bfloat16

@@ -61,12 +61,12 @@ class AgentLoopConfig:
 
 @dataclass
 class SFTConfig:
-    steps: int = opt(200, "maximum optimizer steps of the warm start")
+    steps: int = opt(240, "optimizer steps of the warm start (cosine-decayed learning rate over this budget)")
     lr: float = opt(2e-3, "learning rate")
     batch_size: int = opt(8, "trajectories per step")
     val_fraction: float = opt(0.1, "share of expert trajectories held out for the validation-loss curve")
     eval_every: int = opt(20, "steps between validation-loss measurements")
-    patience: int = opt(2, "stop after this many validations without improvement (the plateau)")
+    patience: int = opt(3, "stop after this many validations without improvement (the plateau)")
 
 
 @dataclass
@@ -79,11 +79,11 @@ class CriticConfig:
 
 @dataclass
 class PPOConfig:
-    iterations: int = opt(10, "PPO iterations")
+    iterations: int = opt(12, "PPO iterations (the run stops earlier at run.time_budget_minutes)")
     tasks_per_iter: int = opt(16, "tasks sampled per iteration")
     n_per_task: int = opt(4, "rollouts per task (K)")
     concurrency: int = opt(16, "trajectories in flight")
-    lr: float = opt(2e-5, "actor learning rate")
+    lr: float = opt(5e-5, "actor learning rate")
     critic_lr: float = opt(1e-3, "critic learning rate")
     epochs: int = opt(2, "optimisation passes over each batch")
     micro_batch: int = opt(4, "trajectories per forward/backward")
@@ -116,7 +116,7 @@ class RewardConfig:
 
 @dataclass
 class EvalConfig:
-    n_per_task: int = opt(2, "samples per evaluation task")
+    n_per_task: int = opt(4, "samples per evaluation task")
     temperature: float = opt(1.0, "evaluation sampling temperature (1: the policy's own distribution, as trained; 0: greedy)")
 
 

@@ -21,7 +21,7 @@ FINAL = "Done."
 DIRS = ["data", "input", "logs"]
 CONTEXT = ["", "", "The files are already in place. ", "Use the shell. ", "Tidy work matters here. ",
            "One command is enough. ", "Small chore: ",
-           "Housekeeping: ", "Before the nightly backup runs: ", "Please help. ", "For the demo box: ",
+           "Housekeeping: ", "Before the nightly backup runs: ", "Please help. ",
            "Cleanup request: "]
 CLOSING = ["", "", " Keep it simple.", " No need to explain.", " Thanks!"]
 
@@ -52,9 +52,9 @@ def make_dirs(rng: random.Random) -> TaskDraft:
 def count_lines(rng: random.Random) -> TaskDraft:
     d, n = pick(rng, DIRS), rng.randint(3, 40)
     name = words(rng, pick(rng, ["fruit", "city", "animal"]), 1)[0]
-    instruction = _say(rng, ["Count the lines of the file in /app/{d}; store the count in /app/count.txt.",
+    instruction = _say(rng, ["Find how many lines the file in /app/{d} has and write that number into /app/count.txt.",
                              "Write the number of lines of the file in /app/{d} to /app/count.txt.",
-                             "How many lines does the file in /app/{d} have? Put the number in /app/count.txt."],
+                             "How many lines are in the file under /app/{d}? Write the answer to /app/count.txt."],
                        d=d)
     tests = [
         "def test_count_exists():\n    assert os.path.isfile('/app/count.txt')\n",
@@ -98,7 +98,7 @@ def copy_files(rng: random.Random) -> TaskDraft:
     ext = pick(rng, exts)
     files, chosen, _ = _mixed_files(rng, "in", ext, exts)
     instruction = _say(rng, ["Copy the .{e} files of /app/in into /app/out.",
-                             "Copy every .{e} file from /app/in to the folder /app/out.",
+                             "Every .{e} file in /app/in should also end up in /app/out.",
                              "Put copies of the .{e} files in /app/in into /app/out."], e=ext)
     prelude = f"EXPECTED = {literal({n: files[f'in/{n}'] for n in chosen})}\n"
     tests = ["def test_out_folder():\n    assert os.path.isdir('/app/out')\n"]

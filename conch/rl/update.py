@@ -131,7 +131,10 @@ def ppo_update(
         rng.shuffle(order)
         steps = _chunks(order, micro_batch * grad_accum)
         for step in steps:
-            denom = float(sum(sum(p.traj.mask[1:]) for p in step)) or 1.0
+            if loss_cfg.agg == "seq-mean-token-mean":  # each trajectory weighs the same, however long
+                denom = float(len(step))
+            else:
+                denom = float(sum(sum(p.traj.mask[1:]) for p in step)) or 1.0
             if update_policy:
                 opt_pi.zero_grad(set_to_none=True)
             if opt_v is not None:

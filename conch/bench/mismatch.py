@@ -492,14 +492,10 @@ def table(r: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from conch.bench import settle_args
     from conch.cli import UsageError
 
-    if args.quick:
-        for k, v in QUICK.items():
-            setattr(args, k, v)
-    for name in ("n_per_task", "turns", "max_new_tokens", "concurrency"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    settle_args(args, QUICK, ("n_per_task", "turns", "max_new_tokens", "concurrency"))
     if args.max_tasks < 0:
         raise UsageError("--max-tasks must be 0 (all) or more")
     result = bench(args)

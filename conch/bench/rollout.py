@@ -230,11 +230,6 @@ async def _bench(args: argparse.Namespace) -> dict:
     }
 
 
-def _apply_quick(args: argparse.Namespace) -> None:
-    for key, value in QUICK.items():
-        setattr(args, key, value)
-
-
 def _table(result: dict) -> str:
     cols = ("tokens_per_s", "steps_per_s", "turns_per_s", "seconds", "engine_busy", "tokens_per_step",
             "forward_ms_per_step")
@@ -258,13 +253,9 @@ def _table(result: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from conch.cli import UsageError
+    from conch.bench import settle_args
 
-    if args.quick:
-        _apply_quick(args)
-    for name in ("concurrency", "turns", "max_new_tokens", "sequential", "repeats"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    settle_args(args, QUICK, ("concurrency", "turns", "max_new_tokens", "sequential", "repeats"))
     result = asyncio.run(_bench(args))
     print(json.dumps(result) if args.json else _table(result))
     return 0

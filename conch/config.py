@@ -127,7 +127,8 @@ class RunConfig:
     jobs: int = opt(2, "sandboxes at once for corpus validation")
     tensorboard: bool = opt(False, "also log to TensorBoard (needs the tensorboard package)")
     wandb: bool = opt(False, "also log to Weights & Biases (needs wandb)")
-    time_budget_minutes: float = opt(16.0, "stop PPO early once the run has taken this many minutes, then evaluate and summarise (0: no limit)")
+    time_budget_minutes: float = opt(16.0, "stop PPO early once the run has taken this many minutes, then evaluate "
+                                           "and summarise (0: no limit)")
 
 
 @dataclass

@@ -219,7 +219,8 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
             m["time/update_s"] = update_s
             m["time/iteration_s"] = time.monotonic() - t_it
             m["train/tokens_per_s"] = sum(len(p.traj.tokens) for p in prepared) * max(1, cfg.ppo.epochs) / max(update_s, 1e-9)
-            if cfg.ppo.eval_every and (it + 1) % cfg.ppo.eval_every == 0 and it + 1 < cfg.ppo.iterations:               # eval
+            due = cfg.ppo.eval_every and (it + 1) % cfg.ppo.eval_every == 0
+            if due and it + 1 < cfg.ppo.iterations:                                             # eval
                 res = await run_eval(f"iter{it + 1}", eval_tasks, seed=11)
                 if res is not None:
                     m["eval/pass_rate"], m["eval/tests_passed_mean"] = res.pass_rate, res.tests_passed_mean

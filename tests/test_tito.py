@@ -204,3 +204,14 @@ def test_think_kept_by_our_template_is_not_drift(codec):
     turns = [ids(codec, "<think>\nLook around.\n</think>\n\n" + tool_call_text("ls /")), ids(codec, "Done.")]
     tito, retok, _ = compare_modes(codec, turns)
     assert not tito.drift and tito.tokens == retok.tokens
+
+
+def test_codec_encode_decode_match_the_tokenizer(codec, tokenizer):
+    """The codec calls the Rust tokenizer directly; it must give the ids and text transformers gives."""
+    texts = ["", "ls -la /app && echo 'done'", "<|im_start|>user\nhé <tool_response>\nx\n</tool_response><|im_end|>\n",
+             "  leading spaces\n\n\ttabs", "emoji 🐚 and 中文", "<think>\nplan\n</think>\n\nok<|im_end|>"]
+    for text in texts:
+        ids = codec.encode(text)
+        assert ids == tokenizer.encode(text, add_special_tokens=False)
+        assert codec.decode(ids) == tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        assert codec.decode(ids) == text

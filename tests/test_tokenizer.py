@@ -116,3 +116,28 @@ def test_saved_tokenizer_round_trip(tok, tmp_path):
     loaded = load_tokenizer(tmp_path)
     assert render(loaded, CONVERSATION, add_generation_prompt=True) == EXPECTED + "<|im_start|>assistant\n"
     assert special_token_ids(loaded) == special_token_ids(tok)
+
+
+def test_own_template_fast_path_matches_transformers(tok):
+    """conch's own template renders through a plain compiled Jinja environment; it must give exactly what
+    transformers' sandboxed `apply_chat_template` gives, for every shape of conversation the loop renders."""
+    from conch.model.tokenizer import _canonical_messages, chat_template
+
+    assert tok.chat_template == chat_template()  # the fast path is the one taken
+    schema = {"type": "function", "function": {"name": "bash", "description": "Run <cmd> & 'quote'",
+                                                "parameters": {"type": "object"}}}
+    calls = [{"type": "function", "function": {"name": "bash", "arguments": {"command": "ls é < x"}}},
+             {"type": "function", "function": {"name": "bash", "arguments": '{"command": "pwd"}'}}]
+    conversations = [
+        CONVERSATION,
+        CONVERSATION[:2],
+        [{"role": "user", "content": "hi"}],
+        CONVERSATION[:2] + [{"role": "assistant", "content": "", "tool_calls": calls},
+                            {"role": "tool", "content": "a\nb"}, {"role": "tool", "content": "<x>"}],
+    ]
+    for conv in conversations:
+        for tools in (None, [schema]):
+            for gen in (False, True):
+                expected = tok.apply_chat_template(_canonical_messages(conv), tools=tools, tokenize=False,
+                                                   add_generation_prompt=gen)
+                assert render(tok, conv, add_generation_prompt=gen, tools=tools) == expected

@@ -42,6 +42,8 @@ class ChatCodec:
     def __init__(self, tokenizer: Any, tools: list[dict] | None = None) -> None:
         self.tok = tokenizer
         self.tools = tools
+        # A fast tokenizer's Rust object: encode/decode are called several times per turn.
+        self._rust = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
         vocab = tokenizer.get_vocab()
         if END_OF_TURN not in vocab:
             raise ValueError(f"tokenizer has no {END_OF_TURN} token: conch needs a ChatML-style chat template")
@@ -62,9 +64,13 @@ class ChatCodec:
         return render(self.tok, list(messages), add_generation_prompt=add_generation_prompt, tools=self.tools)
 
     def encode(self, text: str) -> list[int]:
+        if self._rust is not None:  # the same ids as `tok.encode`, without its per-call Python layers
+            return self._rust.encode(text, add_special_tokens=False).ids
         return self.tok.encode(text, add_special_tokens=False)
 
     def decode(self, ids: Sequence[int]) -> str:
+        if self._rust is not None:
+            return self._rust.decode(list(ids), skip_special_tokens=False)
         return self.tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def neutralize(self, text: str) -> str:
@@ -127,6 +133,7 @@ class TokenBuilder:
         self.pending: list[int] = []  # inserted ids the engine has not processed yet
         self._think_turns = 0
         self._think_dropped = 0
+        self._memo: tuple[list[dict], bool, str] | None = None  # the last window rendered (see `_render`)
 
     def note(self, kind: DriftKind, n: int = 1) -> None:
         self.drift[kind.value] += n
@@ -207,11 +214,23 @@ class TokenBuilder:
             self._think_turns += 1
         return text
 
+    def _render(self, window: list[dict], add_generation_prompt: bool) -> str:
+        """`codec.render`, remembering the last call: a turn renders the window that ends with its assistant
+        message twice (the template check, then the observation delta). The memo compares the message objects
+        by identity (messages are never mutated once appended) and holds them, so a hit is always exact."""
+        m = self._memo
+        if (m is not None and m[1] == add_generation_prompt and len(m[0]) == len(window)
+                and all(a is b for a, b in zip(m[0], window))):
+            return m[2]
+        text = self.codec.render(window, add_generation_prompt=add_generation_prompt)
+        self._memo = (window, add_generation_prompt, text)
+        return text
+
     def check_template(self, messages: Sequence[dict], assistant_text: str) -> None:
         """Compare the template's rendering of the last (assistant) message with the text that was sampled."""
         win = _window(messages, len(messages) - 1)
         before = self.codec.render(win[:-1], add_generation_prompt=True)
-        after = self.codec.render(win, add_generation_prompt=False)
+        after = self._render(win, add_generation_prompt=False)
         if not after.startswith(before):
             self.note(DriftKind.TEMPLATE)
             return
@@ -230,7 +249,7 @@ class TokenBuilder:
         """The chat-template delta between the conversation ending with the assistant turn and the one that
         adds the observations and the next generation prompt: only these new ids are tokenized."""
         last = len(with_assistant) - 1
-        before = self.codec.render(_window(with_assistant, last), add_generation_prompt=False)
+        before = self._render(_window(with_assistant, last), add_generation_prompt=False)
         after = self.codec.render(_window(with_observations, last), add_generation_prompt=True)
         dropped = _think_turns(before) - _think_turns(after)
         if dropped > 0:  # the template drops a turn's thinking once something follows it; sampled ids kept

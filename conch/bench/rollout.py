@@ -144,7 +144,7 @@ async def _replay(engine: Any, plans: list[list[tuple[list[int], int]]], seed: i
 def _traj_phase(trajs: list[Any], seconds: float, fwd: float, steps: int) -> Phase:
     return Phase(
         sessions=len(trajs), sampled_tokens=sum(t.num_sampled for t in trajs),
-        fed_tokens=sum(len(t.tokens) - t.num_sampled for t in trajs), turns=sum(len(t.turns) for t in trajs),
+        fed_tokens=sum(len(fed) for t in trajs for fed, _ in _plan(t)), turns=sum(len(t.turns) for t in trajs),
         env_steps=sum(1 for t in trajs for turn in t.turns if turn.command is not None),
         seconds=seconds, forward_seconds=fwd, engine_steps=steps,
     )

@@ -31,6 +31,7 @@ Contract (refines conch/engine/base.py):
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import itertools
 import threading
@@ -119,6 +120,9 @@ class HFEngine:
         self._closing = False
         self.stats = {"steps": 0, "tokens_fed": 0, "tokens_sampled": 0, "forward_seconds": 0.0,
                       "max_step_requests": 0}
+        # Wall seconds of each recent scheduler step (forward, sampling and per-request bookkeeping), for
+        # benchmarks that need a per-step figure robust to load spikes (a median over steps).
+        self.step_times: collections.deque[float] = collections.deque(maxlen=16384)
         self._worker = threading.Thread(target=self._run, name="conch-engine", daemon=True)
         self._worker.start()
 
@@ -249,8 +253,10 @@ class HFEngine:
                 self._inbox = []
             batch = self._active[: self.max_batch]
             try:
+                t_step = time.perf_counter()
                 with self._model_lock:
                     self._step(batch)
+                self.step_times.append(time.perf_counter() - t_step)
             except Exception as exc:  # a failed step fails its requests, never the engine
                 for req in batch:
                     self._active.remove(req)

@@ -83,27 +83,36 @@ class RoutingCapture:
     """Forward hooks that record each router's top-k expert ids, converted to the compact dtype on the fly.
 
     After a forward pass `take()` returns [tokens, layers, k] for the tokens of that pass, in the flattened
-    order the model saw them (batch-major). Disabled captures cost one Python call per layer."""
+    order the model saw them (batch-major). A hook only keeps a reference to the router's index tensor; the
+    stack, the compact-dtype conversion and the device copy happen once per forward in `take()` (one op each
+    instead of one per layer, which is most of what capture costs on a small model's decode step).
+    Disabled captures cost one Python call per layer."""
 
     def __init__(self, model: nn.Module) -> None:
         self.routers = find_routers(model)
         self.shape = moe_shape(model)
+        self._dtype = self.shape.index_dtype
         self.enabled = True
         self._last: list[torch.Tensor | None] = [None] * len(self.routers)
         self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
     def _hook(self, layer: int):
+        last = self._last
+
         def hook(module: nn.Module, args: tuple, output: tuple) -> None:
             if self.enabled:
-                self._last[layer] = output[2].detach().to(self.shape.index_dtype)
+                last[layer] = output[2]
         return hook
 
     def take(self) -> torch.Tensor | None:
         """Indices of the last forward as a CPU tensor [tokens, layers, k]; None if nothing was recorded."""
-        if not self.routers or any(t is None for t in self._last):
+        last = self._last
+        if not last or any(t is None for t in last):
             return None
-        out = torch.stack(self._last, dim=1).cpu()  # type: ignore[arg-type]
-        self._last = [None] * len(self.routers)
+        with torch.no_grad():
+            out = torch.stack(last, dim=1).to(device="cpu", dtype=self._dtype)  # type: ignore[arg-type]
+        for i in range(len(last)):
+            last[i] = None
         return out
 
     def remove(self) -> None:

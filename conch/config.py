@@ -185,8 +185,14 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a string, got {value!r}")
         return str(value)
     if typ is list or origin is list:
+        if isinstance(value, str) and value.strip().startswith("["):  # a TOML array: ["a", "b"]
+            try:
+                return tomllib.loads(f"v = {value}")["v"]
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"{where}: expected a TOML array or comma-separated values, got {value!r} "
+                                  f"({exc})") from None
         if isinstance(value, str):
-            return [v for v in value.split(",") if v]
+            return [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
         return value

@@ -45,3 +45,18 @@ def test_describe_round_trips_through_toml(tmp_path):
     again = load_config(f)
     assert again.to_dict() == cfg.to_dict()
     assert Config().to_dict() != cfg.to_dict()
+
+
+def test_list_overrides_take_toml_arrays_and_commas():
+    for text in ('["count-lines", "make-dirs"]', "count-lines, make-dirs", "count-lines,make-dirs"):
+        assert load_config(None, [f"corpus.families={text}"]).corpus.families == ["count-lines", "make-dirs"]
+    assert load_config(None, ["corpus.families=[]"]).corpus.families == []
+    with pytest.raises(ConfigError, match="corpus.families: expected a TOML array"):
+        load_config(None, ['corpus.families=["a"'])
+
+
+def test_unknown_family_fails_at_config_time():
+    from conch.rl.train import check_config
+
+    with pytest.raises(ConfigError, match="corpus.families: unknown families nope"):
+        check_config(load_config(None, ["corpus.families=count-lines,nope"]))

@@ -383,10 +383,13 @@ def test_benches_run(model_dir, capsys):
     from conch.cli import main as conch_main
 
     assert conch_main(["bench", "engine", "--json", "--model", str(model_dir), "--batch-sizes", "1,2",
-                       "--new-tokens", "4", "--repeats", "1", "--decode-repeats", "1", "--capture-batch", "2"]) == 0
+                       "--new-tokens", "4", "--capture-tokens", "4", "--repeats", "2", "--decode-repeats", "1",
+                       "--capture-batch", "2"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [r["batch"] for r in out["decode"]] == [1, 2] and all(r["tokens_per_s"] > 0 for r in out["decode"])
-    assert out["capture"]["tokens_per_s_capture"] > 0 and out["capture"]["tokens_per_s_no_capture"] > 0
+    cap = out["capture"]
+    assert cap["tokens_per_s_capture"] > 0 and cap["tokens_per_s_no_capture"] > 0
+    assert cap["pairs"] == 2 and len(cap["overhead_wall_pairs"]) == 2 and cap["steps_per_side"] == 2 * 4
     assert conch_main(["bench", "horizon", "--json", "--model", str(model_dir), "--turns", "2,4"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["turns"] == [2, 4] and len(out["seconds_reuse"]) == 2 and len(out["seconds_no_reuse"]) == 2

@@ -26,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--decode-repeats", type=int, default=2, help="runs per batch size (best is kept)")
     parser.add_argument("--capture-batch", type=int, default=8, help="batch size for the capture-overhead test")
-    parser.add_argument("--repeats", type=int, default=12,
+    parser.add_argument("--capture-tokens", type=int, default=16,
+                        help="tokens per session in each capture on/off run (short runs: load drift hits both sides)")
+    parser.add_argument("--repeats", type=int, default=48,
                         help="on/off run pairs in the capture comparison")
 
 
@@ -90,7 +92,8 @@ async def _bench(args: argparse.Namespace) -> dict:
 async def _capture_overhead(engine, args: argparse.Namespace, vocab: int) -> dict:
     """Decode throughput with and without routing capture.
 
-    Runs alternate on/off in pairs (on-off, off-on, ...) over the same sessions and seeds. The headline
+    Many short runs alternate on/off in pairs (on-off, off-on, ...) over the same sessions and seeds, so a
+    slow spell of the machine (seconds long on a shared VM) covers both sides alike. The headline
     figure compares the engine's median decode-step time with capture against without, over every decode step
     of every run (a step is the forward, the capture, sampling and the per-request bookkeeping; at a fixed batch
     throughput is its inverse). A median over thousands of steps is not moved by the load spikes that make
@@ -98,7 +101,7 @@ async def _capture_overhead(engine, args: argparse.Namespace, vocab: int) -> dic
     each side are reported next to it."""
     import statistics
 
-    b, n = args.capture_batch, args.new_tokens
+    b, n = args.capture_batch, args.capture_tokens
     pairs: list[float] = []
     on: list[float] = []
     off: list[float] = []
@@ -117,7 +120,7 @@ async def _capture_overhead(engine, args: argparse.Namespace, vocab: int) -> dic
     engine.set_capture_routing(True)
     step_on, step_off = statistics.median(steps[True]), statistics.median(steps[False])
     return {
-        "batch": b, "pairs": args.repeats, "overhead": round(1 - step_off / step_on, 4),
+        "batch": b, "tokens_per_session": n, "pairs": args.repeats, "overhead": round(1 - step_off / step_on, 4),
         "step_ms_capture": round(1000 * step_on, 3), "step_ms_no_capture": round(1000 * step_off, 3),
         "steps_per_side": len(steps[True]),
         "tokens_per_s_capture": round(b / step_on, 1), "tokens_per_s_no_capture": round(b / step_off, 1),

@@ -73,7 +73,7 @@ class _Request:
     t0: float
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    rows: list[torch.Tensor] = field(default_factory=list)
+    rows: list[np.ndarray] = field(default_factory=list)
     finish_reason: str = "length"
     stop_detail: str | None = None
 
@@ -305,6 +305,8 @@ class HFEngine:
                 conch_batch=PackedBatch([seg for _, seg, _ in segs]),
             )
             routed = self._capture.take() if self._capture is not None else None
+            if routed is not None:
+                routed = routed.numpy()  # numpy views: slicing per request costs far less than torch's
             sampled_reqs = [req for req, _, smp in segs if smp]
             if sampled_reqs:
                 toks, lps = sample(out.logits[0], [RowSpec(r.params, r.session.generator) for r in sampled_reqs])
@@ -351,7 +353,7 @@ class HFEngine:
             return
         routed = None
         if req.rows:
-            routed = torch.cat(req.rows).numpy()
+            routed = np.concatenate(req.rows) if len(req.rows) > 1 else req.rows[0].copy()
         elif self._capture is not None:
             routed = np.zeros((0, self.num_moe_layers, self.top_k), dtype=np.uint8 if self.num_experts <= 256
                               else np.int16)

@@ -81,7 +81,7 @@ def _build(p: BuildPlan, context: Path, root: Path, quiet: bool) -> LocalImage:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 meta = _read_meta(layer)
                 if meta is None:
-                    if not quiet:
+                    if not quiet and step.kind != "copy":  # a COPY is quick: a line per task would be noise
                         print(f"conch: build {p.dockerfile} step {n}/{len(p.steps)}: {step.text[:160]}",
                               file=sys.stderr, flush=True)
                     meta = _run_step(p.dockerfile, step, key, layer, lowers, context, sources, ignore, quiet)

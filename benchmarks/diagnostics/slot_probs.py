@@ -1,0 +1,70 @@
+"""How much the policy reads the slot of the starter families: p(right slot value | instruction).
+
+For every copy-files, remove-files and make-dirs task in TASKS, the task's own solution command is scored under
+the model with each candidate slot value (extension or count) put in, and the probability of the right one is
+normalised over the candidates. Each family draws its slot from 3 values, so about 0.33 means the policy
+guesses among them without reading the instruction.
+
+    python benchmarks/diagnostics/slot_probs.py RUNDIR/warm RUNDIR/corpus/eval
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from conch.agent.rollout import system_prompt
+from conch.agent.tito import ChatCodec
+from conch.tasks.synth.trajectories import BASH_TOOL
+
+SLOTS = {  # family -> (pattern of the slot in the solution, how to write a candidate, candidates)
+    "copy-files": (r"\*\.(\w+)", "*.{}", ["log", "txt", "csv", "bak", "tmp"]),
+    "remove-files": (r"\*\.(\w+)", "*.{}", ["log", "txt", "csv", "bak", "tmp"]),
+    "make-dirs": (r"\{1\.\.(\d)\}", "{{1..{}}}", ["1", "2", "3", "4", "5"]),
+}
+
+
+def main(model_dir: str, tasks_dir: str) -> None:
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    codec = ChatCodec(tok, tools=[BASH_TOOL])
+
+    def score(instruction: str, command: str) -> float:
+        msgs = [{"role": "system", "content": system_prompt()}, {"role": "user", "content": instruction}]
+        prefix = codec.encode(codec.render(msgs, add_generation_prompt=True))
+        call = {"type": "function", "function": {"name": "bash", "arguments": {"command": command}}}
+        full = torch.tensor([codec.encode(codec.render(msgs + [{"role": "assistant", "content": "",
+                                                                 "tool_calls": [call]}]))])
+        with torch.no_grad():
+            lp = torch.log_softmax(model(full).logits[0, :-1].float(), -1)
+        n = len(prefix) - 1
+        return float(lp[n:].gather(1, full[0, 1:][n:, None]).sum())
+
+    probs: dict[str, list[float]] = defaultdict(list)
+    for task in sorted(Path(tasks_dir).iterdir()):
+        family = task.name.rsplit("-", 1)[0]
+        if family not in SLOTS:
+            continue
+        pattern, form, candidates = SLOTS[family]
+        solution = (task / "solution" / "solve.sh").read_text().strip().splitlines()[-1]
+        match = re.search(pattern, solution)
+        if match is None:
+            continue
+        instruction = (task / "instruction.md").read_text().strip()
+        s = {c: score(instruction, solution.replace(match.group(0), form.format(c))) for c in candidates}
+        top = max(s.values())
+        probs[family].append(math.exp(s[match.group(1)] - top) / sum(math.exp(v - top) for v in s.values()))
+    for family, ps in probs.items():
+        print(f"{family:14} p(right slot) mean {sum(ps) / len(ps):.2f} over {len(ps)} tasks")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2])

@@ -38,7 +38,9 @@ _MARK = b"\0CONCH"
 _MARKER_RE = re.compile(rb"\0CONCH([0-9a-f]{16}):(\d{1,3})\n")
 _MARKER_MAXLEN = len(_MARK) + 16 + 1 + 3 + 1
 _READ_SIZE = 1 << 16
-_GRACE_S = 1.0  # wait per escalation level after a timeout
+# Seconds to wait for the session after each escalation level. Level 2 gets longer: level 3 kills background
+# jobs too, so a loaded machine (slow /proc walk, slow kill) must not be mistaken for a stuck command.
+_GRACE_S = (1.0, 2.5, 1.0)
 # Interactive bash without a terminal prints this after a foreground job dies of a signal: noise, dropped.
 _TCSETATTR_RE = re.compile(rb"bash: \[\d+: \d+ \(\d+\)\] tcsetattr: Inappropriate ioctl for device\n")
 
@@ -348,7 +350,7 @@ class PersistentShell:
                 await self._send(_end_line(sync))
             except SandboxError:
                 return False
-            if await self._wait(tokens, time.monotonic() + _GRACE_S):
+            if await self._wait(tokens, time.monotonic() + _GRACE_S[level - 1]):
                 return True
             if self._out.eof and self._err.eof:
                 return False

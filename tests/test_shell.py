@@ -166,3 +166,30 @@ def test_round_trip_is_fast(sh, loop):
         times.append(time.perf_counter() - t0)
     median_ms = statistics.median(times) * 1000
     assert median_ms < 2.0, f"median round trip {median_ms:.3f} ms"
+
+
+def test_interrupts_work_when_conch_itself_ignores_sigint():
+    """Started as a background job of a script (CI runners, `conch train ... &`), conch inherits SIGINT and SIGQUIT
+    ignored, and so would everything it execs. The box must still start with default signals: a timeout then
+    interrupts the foreground command and spares background jobs (it used to kill them)."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN), signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    loop = asyncio.new_event_loop()
+    box = make_sandbox("local", SandboxSpec(name="sigign"))
+    try:
+        loop.run_until_complete(box.start())
+        sh = loop.run_until_complete(box.shell())
+    finally:
+        signal.signal(signal.SIGINT, old[0])
+        signal.signal(signal.SIGQUIT, old[1])
+    try:
+        run = lambda c, **kw: loop.run_until_complete(sh.run(c, **kw))  # noqa: E731
+        fg = run("grep SigIgn /proc/self/status").stdout.split()[-1]
+        assert int(fg, 16) & 6 == 0, fg  # a foreground command sees SIGINT and SIGQUIT at their defaults
+        run("sleep 500 &")
+        r = run("sleep 30", timeout=0.5)
+        assert r.timed_out and "sleep 500" in run("jobs").stdout
+    finally:
+        loop.run_until_complete(box.stop())
+        loop.close()

@@ -15,6 +15,7 @@ ENOSPC, the host disk is untouched beyond that size); memory, cpu and pids are c
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
@@ -41,6 +42,22 @@ _NSENTER_NS = ("-U", "-m", "-n", "-p", "-i", "-u", "-C")
 # Host-side wrapper that moves itself into the sandbox's cgroups, then execs nsenter: cheaper than a
 # preexec_fn, which forces a full fork() of the (possibly huge) Python process instead of vfork().
 _JOIN = 'p=$$; while [ "$1" != -- ]; do echo "$p" > "$1" 2>/dev/null; shift; done; shift; exec "$@"'
+
+
+@functools.cache
+def _default_signals() -> tuple[str, ...]:
+    """`env --default-signal=INT,QUIT` when the host's env has it (coreutils >= 8.31), else nothing.
+
+    A process started in the background by a shell without job control (`conch train ... &` in a script, CI
+    runners) inherits SIGINT and SIGQUIT *ignored*, and an ignored signal stays ignored across exec and cannot be
+    reset by a shell. The persistent shell's interrupt ladder tells foreground work from background jobs by
+    exactly those ignored signals, so everything in the box must start with them at their defaults."""
+    try:
+        ok = subprocess.run(["env", "--default-signal=INT,QUIT", "true"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return ("env", "--default-signal=INT,QUIT") if ok else ()
 
 
 def _children(pid: int) -> list[int]:
@@ -109,7 +126,7 @@ class LocalSandbox:
             files = self._cgroups.procs_files()
             with open(state / "launch.log", "wb") as log:
                 self._launcher = await asyncio.create_subprocess_exec(
-                    "/bin/sh", "-c", _JOIN, "sh", *files, "--",
+                    "/bin/sh", "-c", _JOIN, "sh", *files, "--", *_default_signals(),
                     *launcher_argv(cfg, ["/bin/bash", "-c", _INIT], as_pid_1=True), stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=log, env={"PATH": DEFAULT_PATH})
             assert self._launcher.stdin is not None and self._launcher.stdout is not None
@@ -219,7 +236,8 @@ class LocalSandbox:
         files = self._cgroups.procs_files(limited) if self._cgroups else []
         # `cd` on the command's own first line keeps bash's error line numbers unchanged.
         text = f"cd -- {_q(cwd or self._cwd)} || exit 125; {script}"
-        return ["/bin/sh", "-c", _JOIN, "sh", *files, "--", "nsenter", "-t", str(pid), *_NSENTER_NS, "--root",
+        return ["/bin/sh", "-c", _JOIN, "sh", *files, "--", *_default_signals(), "nsenter", "-t", str(pid),
+                *_NSENTER_NS, "--root",
                 "--wd", "bash", "-c", text]
 
     async def spawn(self, script: str, *, cwd: str | None = None, env: dict[str, str] | None = None,

@@ -353,7 +353,7 @@ class HFEngine:
             return
         routed = None
         if req.rows:
-            routed = np.concatenate(req.rows) if len(req.rows) > 1 else req.rows[0].copy()
+            routed = np.concatenate(req.rows)  # a copy: the rows are views of whole-step arrays
         elif self._capture is not None:
             routed = np.zeros((0, self.num_moe_layers, self.top_k), dtype=np.uint8 if self.num_experts <= 256
                               else np.int16)

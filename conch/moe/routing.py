@@ -91,7 +91,6 @@ class RoutingCapture:
     def __init__(self, model: nn.Module) -> None:
         self.routers = find_routers(model)
         self.shape = moe_shape(model)
-        self._dtype = self.shape.index_dtype
         self.enabled = True
         self._last: list[torch.Tensor | None] = [None] * len(self.routers)
         self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
@@ -110,7 +109,7 @@ class RoutingCapture:
         if not last or any(t is None for t in last):
             return None
         with torch.no_grad():
-            out = torch.stack(last, dim=1).to(device="cpu", dtype=self._dtype)  # type: ignore[arg-type]
+            out = torch.stack(last, dim=1).to(device="cpu", dtype=self.shape.index_dtype)  # type: ignore[arg-type]
         for i in range(len(last)):
             last[i] = None
         return out

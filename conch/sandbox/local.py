@@ -236,9 +236,8 @@ class LocalSandbox:
         files = self._cgroups.procs_files(limited) if self._cgroups else []
         # `cd` on the command's own first line keeps bash's error line numbers unchanged.
         text = f"cd -- {_q(cwd or self._cwd)} || exit 125; {script}"
-        return ["/bin/sh", "-c", _JOIN, "sh", *files, "--", *_default_signals(), "nsenter", "-t", str(pid),
-                *_NSENTER_NS, "--root",
-                "--wd", "bash", "-c", text]
+        return ["/bin/sh", "-c", _JOIN, "sh", *files, "--", *_default_signals(),
+                "nsenter", "-t", str(pid), *_NSENTER_NS, "--root", "--wd", "bash", "-c", text]
 
     async def spawn(self, script: str, *, cwd: str | None = None, env: dict[str, str] | None = None,
                     limited: bool = True, stdin: int = subprocess.DEVNULL) -> asyncio.subprocess.Process:

@@ -277,3 +277,15 @@ def test_reference_task_tomls_parse(tmp_path):
         assert isinstance(task, Task), str(task)
         assert task.verifier_timeout_sec > 0 and task.limits.memory_mb > 0
         assert "task" in task.metadata or "metadata" in task.metadata
+
+
+def test_symlinked_task_folders_are_followed_once(tmp_path):
+    real = tmp_path / "all"
+    make_harbor(real, "alpha")
+    make_harbor(real, "beta")
+    picked = tmp_path / "picked"
+    picked.mkdir()
+    (picked / "alpha").symlink_to(real / "alpha", target_is_directory=True)
+    (picked / "loop").symlink_to(picked, target_is_directory=True)  # a cycle must not loop
+    assert [r.name for r in load_tasks([picked])] == ["alpha"]
+    assert [r.name for r in load_tasks([picked, real])] == ["alpha", "beta"]

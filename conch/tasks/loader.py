@@ -37,14 +37,23 @@ def load_task(folder: Path) -> Task | TaskLoadError:
 
 
 def find_task_dirs(root: Path) -> list[Path]:
-    """Task folders at or below `root` (a task folder is not searched further; hidden folders are skipped)."""
+    """Task folders at or below `root` (a task folder is not searched further; hidden folders are skipped).
+
+    Symlinked folders are followed (a folder of links to chosen tasks is a common way to assemble a task set);
+    each real folder is visited once, so a link cycle cannot loop."""
     root = Path(root)
     if root.is_file() and root.name in (HARBOR_MARKER, TB1_MARKER):
         return [root.parent]
     if is_task_dir(root):
         return [root]
     found = []
-    for dirpath, dirnames, _ in os.walk(root, followlinks=False):
+    visited: set[str] = set()
+    for dirpath, dirnames, _ in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in visited:
+            dirnames.clear()
+            continue
+        visited.add(real)
         here = Path(dirpath)
         if here != root and is_task_dir(here):
             found.append(here)

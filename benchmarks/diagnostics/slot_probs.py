@@ -1,9 +1,9 @@
 """How much the policy reads the slot of the starter families: p(right slot value | instruction).
 
-For every copy-files, remove-files and make-dirs task in TASKS, the task's own solution command is scored under
-the model with each candidate slot value (extension or count) put in, and the probability of the right one is
-normalised over the candidates. Each family draws its slot from 3 values, so about 0.33 means the policy
-guesses among them without reading the instruction.
+For every starter task in TASKS, the task's own solution command is scored under the model with each candidate
+slot value (the folder the instruction names) put in, and the probability of the right one is normalised over
+the candidates. Each family draws its slot from 3 values, so about 0.33 means the policy guesses among them
+without reading the instruction.
 
     python benchmarks/diagnostics/slot_probs.py RUNDIR/warm RUNDIR/corpus/eval
 """
@@ -21,12 +21,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conch.agent.rollout import system_prompt
 from conch.agent.tito import ChatCodec
+from conch.tasks.synth.families_basic import BASES, DIRS
 from conch.tasks.synth.trajectories import BASH_TOOL
 
-SLOTS = {  # family -> (pattern of the slot in the solution, how to write a candidate, candidates)
-    "copy-files": (r"\*\.(\w+)", "*.{}", ["log", "txt", "csv", "bak", "tmp"]),
-    "remove-files": (r"\*\.(\w+)", "*.{}", ["log", "txt", "csv", "bak", "tmp"]),
-    "make-dirs": (r"\{1\.\.(\d)\}", "{{1..{}}}", ["1", "2", "3", "4", "5"]),
+SLOTS = {  # family -> (pattern whose group 1 is the slot in the solution, candidates)
+    "count-lines": (r"cat /app/(\w+)/", DIRS),
+    "count-files": (r"ls /app/(\w+) ", DIRS),
+    "copy-files": (r"cp /app/(\w+)/", DIRS),
+    "remove-files": (r"rm -f /app/(\w+)/", DIRS),
+    "make-dirs": (r"mkdir -p /app/(\w+)/", BASES),
 }
 
 
@@ -51,13 +54,14 @@ def main(model_dir: str, tasks_dir: str) -> None:
         family = task.name.rsplit("-", 1)[0]
         if family not in SLOTS:
             continue
-        pattern, form, candidates = SLOTS[family]
+        pattern, candidates = SLOTS[family]
         solution = (task / "solution" / "solve.sh").read_text().strip().splitlines()[-1]
         match = re.search(pattern, solution)
         if match is None:
             continue
         instruction = (task / "instruction.md").read_text().strip()
-        s = {c: score(instruction, solution.replace(match.group(0), form.format(c))) for c in candidates}
+        a, b = match.span(1)
+        s = {c: score(instruction, solution[:a] + c + solution[b:]) for c in candidates}
         top = max(s.values())
         probs[family].append(math.exp(s[match.group(1)] - top) / sum(math.exp(v - top) for v in s.values()))
     for family, ps in probs.items():

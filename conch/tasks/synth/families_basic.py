@@ -5,10 +5,18 @@ a 5.6M-parameter model trained from scratch. The other families need long multi-
 copying arbitrary names from an instruction into a command is beyond such a model in that budget (measured: a
 warm start on name-copying tasks reached 0% at temperature 1). These keep what matters for the recipe: a real
 shell, real files, the task's own tests, several tests per task (so the count reward is dense: 2 of 4 beats
-0 of 4), and instances that differ per seed. The command is a family skeleton plus a few slots (a folder, a
-file extension, a count) drawn from small vocabularies that the instruction names, so the policy must read
-the instruction to fill them; the files themselves (names, contents, how many) are random per seed and never
-named, so the command must work on whatever is there (globs, pipes) rather than replay memorised names.
+0 of 4), and instances that differ per seed. The command is a family skeleton plus one slot, the folder the
+instruction names (drawn from three), so the policy must read the instruction to fill it; the files themselves
+(names, contents, how many) are random per seed and never named, so the command must work on whatever is there
+(globs, pipes) rather than replay memorised names.
+
+Why the slot is a folder: after the SFT warm start the tiny model reads a folder name from the instruction
+part of the time (p(right folder) 0.56-0.82 in `benchmarks/diagnostics/slot_probs.py`), so RL has a signal to
+sharpen, and it does (count-lines 0.55 -> 0.75 pass rate in 10 PPO iterations). Earlier versions also drew a
+file extension or a folder count; the warm policy never learned to read those (p 0.30-0.39, chance is 0.33,
+even with the instruction spelling the glob exactly as the command does), and PPO then made those families
+worse (copy-files 0.29 -> 0.15, remove-files 0.46 -> 0.16): a choice the policy cannot condition on only
+collapses under RL.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from conch.tasks.synth.base import TRAIN, TaskDraft, family, literal, pick, word
 
 FINAL = "Done."
 DIRS = ["data", "input", "logs"]
+BASES = ["out", "jobs", "runs"]
 CONTEXT = ["", "", "The files are already in place. ", "Use the shell. ", "Tidy work matters here. ",
            "One command is enough. ", "Small chore: ",
            "Housekeeping: ", "Before the nightly backup runs: ", "Please help. ",
@@ -35,16 +44,15 @@ def _junk(rng: random.Random, n: int) -> list[str]:
     return [f"{pick(rng, ['alpha', 'beta', 'gamma', 'delta', 'omega'])} {rng.randint(0, 999)}\n" for _ in range(n)]
 
 
-@family("make-dirs", TRAIN, "starter", "create N numbered folders")
+@family("make-dirs", TRAIN, "starter", "create three numbered folders in a named folder")
 def make_dirs(rng: random.Random) -> TaskDraft:
-    base, n = pick(rng, ["out", "jobs", "runs"]), rng.randint(2, 4)
-    instruction = _say(rng, ["Create the folders /app/{b}/1 to /app/{b}/{n}.",
-                             "Make numbered folders /app/{b}/1 up to /app/{b}/{n}.",
-                             "Create {n} numbered folders in /app/{b}, from 1 to {n}."], b=base, n=n)
-    tests = [f"def test_folder_{i}():\n    assert os.path.isdir('/app/{base}/{i}')\n" for i in range(1, n + 1)]
-    tests.append(f"def test_no_other_folders():\n"
-                 f"    assert sorted(os.listdir('/app/{base}')) == {sorted(str(i) for i in range(1, n + 1))!r}\n")
-    return TaskDraft(instruction=instruction, tests=tests, solution=[f"mkdir -p /app/{base}/{{1..{n}}}"],
+    base = pick(rng, BASES)
+    instruction = _say(rng, ["Create the folders /app/{b}/1, /app/{b}/2 and /app/{b}/3.",
+                             "Make numbered folders /app/{b}/{{1..3}} (one per number).",
+                             "Create three numbered folders in /app/{b}: 1, 2 and 3."], b=base)
+    tests = [f"def test_folder_{i}():\n    assert os.path.isdir('/app/{base}/{i}')\n" for i in range(1, 4)]
+    tests.append(f"def test_no_other_folders():\n    assert sorted(os.listdir('/app/{base}')) == ['1', '2', '3']\n")
+    return TaskDraft(instruction=instruction, tests=tests, solution=[f"mkdir -p /app/{base}/{{1..3}}"],
                      files={"README": "scratch space\n"}, final_message=FINAL, tags=("starter", "mkdir"))
 
 
@@ -92,35 +100,33 @@ def _mixed_files(rng: random.Random, folder: str, ext: str, exts: list[str]) -> 
     return files, [f"{x}.{ext}" for x in chosen], [f"{x}.{e}" for x, e in others]
 
 
-@family("copy-files", TRAIN, "starter", "copy the files of one extension into a folder")
+@family("copy-files", TRAIN, "starter", "copy the .txt files of a folder into /app/out")
 def copy_files(rng: random.Random) -> TaskDraft:
-    exts = ["txt", "csv", "log"]
-    ext = pick(rng, exts)
-    files, chosen, _ = _mixed_files(rng, "in", ext, exts)
-    instruction = _say(rng, ["Copy the .{e} files of /app/in into /app/out.",
-                             "Every .{e} file in /app/in should also end up in /app/out.",
-                             "Put copies of the .{e} files in /app/in into /app/out."], e=ext)
-    prelude = f"EXPECTED = {literal({n: files[f'in/{n}'] for n in chosen})}\n"
+    d = pick(rng, DIRS)
+    files, chosen, _ = _mixed_files(rng, d, "txt", ["txt", "csv", "log"])
+    instruction = _say(rng, ["Copy the .txt files of /app/{d} into /app/out.",
+                             "Every .txt file in /app/{d} should also end up in /app/out.",
+                             "Put copies of the .txt files in /app/{d} into /app/out."], d=d)
+    prelude = f"EXPECTED = {literal({n: files[f'{d}/{n}'] for n in chosen})}\n"
     tests = ["def test_out_folder():\n    assert os.path.isdir('/app/out')\n"]
     tests += [f"def test_copied_{i}():\n    assert read('/app/out/{n}') == EXPECTED['{n}']\n"
               for i, n in enumerate(chosen)]
     tests.append("def test_nothing_else_copied():\n    assert sorted(os.listdir('/app/out')) == sorted(EXPECTED)\n")
     return TaskDraft(instruction=instruction, tests=tests, test_prelude=prelude,
-                     solution=[f"mkdir -p /app/out && cp /app/in/*.{ext} /app/out/"],
+                     solution=[f"mkdir -p /app/out && cp /app/{d}/*.txt /app/out/"],
                      files=files, final_message=FINAL, tags=("starter", "cp"))
 
 
-@family("remove-files", TRAIN, "starter", "delete the files of one extension, keep the rest")
+@family("remove-files", TRAIN, "starter", "delete the .tmp files of a folder, keep the rest")
 def remove_files(rng: random.Random) -> TaskDraft:
-    exts = ["log", "tmp", "bak"]
-    ext = pick(rng, exts)
-    files, doomed, kept = _mixed_files(rng, "tmp", ext, exts)
-    instruction = _say(rng, ["Delete the .{e} files in /app/tmp and keep the others.",
-                             "Remove every .{e} file from /app/tmp; leave the other files alone.",
-                             "In /app/tmp, delete all .{e} files and nothing else."], e=ext)
-    tests = [f"def test_removed_{i}():\n    assert not os.path.exists('/app/tmp/{n}')\n" for i, n in enumerate(doomed)]
-    tests.append(f"def test_others_kept():\n    assert sorted(os.listdir('/app/tmp')) == {sorted(kept)!r}\n")
-    return TaskDraft(instruction=instruction, tests=tests, solution=[f"rm -f /app/tmp/*.{ext}"],
+    d = pick(rng, DIRS)
+    files, doomed, kept = _mixed_files(rng, d, "tmp", ["tmp", "log", "bak"])
+    instruction = _say(rng, ["Delete the .tmp files in /app/{d} and keep the others.",
+                             "Remove every .tmp file from /app/{d}; leave the other files alone.",
+                             "In /app/{d}, delete all .tmp files and nothing else."], d=d)
+    tests = [f"def test_removed_{i}():\n    assert not os.path.exists('/app/{d}/{n}')\n" for i, n in enumerate(doomed)]
+    tests.append(f"def test_others_kept():\n    assert sorted(os.listdir('/app/{d}')) == {sorted(kept)!r}\n")
+    return TaskDraft(instruction=instruction, tests=tests, solution=[f"rm -f /app/{d}/*.tmp"],
                      files=files, final_message=FINAL, tags=("starter", "rm"))
 
 

@@ -79,7 +79,7 @@ class CriticConfig:
 
 @dataclass
 class PPOConfig:
-    iterations: int = opt(12, "PPO iterations (the run stops earlier at run.time_budget_minutes)")
+    iterations: int = opt(16, "PPO iterations (the run stops earlier at run.time_budget_minutes)")
     tasks_per_iter: int = opt(16, "tasks sampled per iteration")
     n_per_task: int = opt(4, "rollouts per task (K)")
     concurrency: int = opt(16, "trajectories in flight")
@@ -87,7 +87,7 @@ class PPOConfig:
     critic_lr: float = opt(1e-3, "critic learning rate")
     epochs: int = opt(2, "optimisation passes over each batch")
     micro_batch: int = opt(4, "trajectories per forward/backward")
-    grad_accum: int = opt(4, "micro-batches per optimizer step")
+    grad_accum: int = opt(8, "micro-batches per optimizer step")
     max_grad_norm: float = opt(1.0, "gradient clipping")
     gamma: float = opt(1.0, "discount per sampled token")
     lam: float = opt(1.0, "GAE lambda")
@@ -99,7 +99,7 @@ class PPOConfig:
     clip_high: float = opt(0.28, "policy ratio clip above 1 (asymmetric clip)")
     dual_clip: float = opt(3.0, "dual-clip bound for negative advantages (0: off)")
     value_clip: float = opt(0.5, "value clip around old values (0: off)")
-    kl_coef: float = opt(0.0, "KL penalty to the warm policy (0: off)")
+    kl_coef: float = opt(0.05, "KL penalty to the warm policy (0: off)")
     entropy_coef: float = opt(0.0, "entropy bonus")
     tis_cap: float = opt(2.0, "truncated importance-sampling cap for the train/inference gap (0: off)")
     routing_replay: bool = opt(True, "R3: replay the sampler's expert choices in the trainer (MoE models only)")

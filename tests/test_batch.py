@@ -185,3 +185,14 @@ def test_logit_transform_falls_back_to_full_logits():
     lp, ent, own = policy_forward(model, batch, replay=False)
     ref, _, _ = policy_forward(model, batch, replay=False, chunk=None)
     assert own is None and torch.equal(lp, ref)
+
+
+def test_sampled_only_computes_the_head_at_sampled_positions_only():
+    model = tiny("qwen3_moe")
+    batch = make_batch(model)
+    full, full_ent, _ = policy_forward(model, batch, replay=True)
+    lp, ent, _ = policy_forward(model, batch, replay=True, sampled_only=True)
+    m = batch.mask.bool()
+    assert m.any() and (~m).any()
+    assert torch.allclose(lp[m], full[m], atol=1e-6) and torch.allclose(ent[m], full_ent[m], atol=1e-6)
+    assert torch.equal(lp[~m], torch.zeros_like(lp[~m]))

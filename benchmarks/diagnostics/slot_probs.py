@@ -1,5 +1,9 @@
 """How much the policy reads the slot of the starter families: p(right slot value | instruction).
 
+Also prints p(exact command): the probability that one sample of the first tool call is exactly the task's
+solution command. Most passing samples are exactly that command, so it tracks the pass rate at temperature 1
+without sampling noise (a cheap, deterministic comparison of two checkpoints on the same tasks).
+
 For every starter task in TASKS, the task's own solution command is scored under the model with each candidate
 slot value (the folder the instruction names) put in, and the probability of the right one is normalised over
 the candidates. Each family draws its slot from 3 values, so about 0.33 means the policy guesses among them
@@ -47,9 +51,12 @@ def main(model_dir: str, tasks_dir: str) -> None:
         with torch.no_grad():
             lp = torch.log_softmax(model(full).logits[0, :-1].float(), -1)
         n = len(prefix) - 1
-        return float(lp[n:].gather(1, full[0, 1:][n:, None]).sum())
+        target = full[0, 1:]
+        end = n + target[n:].tolist().index(codec.end_id) + 1  # the template's newline after <|im_end|> is not sampled
+        return float(lp[n:end].gather(1, target[n:end, None]).sum())
 
     probs: dict[str, list[float]] = defaultdict(list)
+    exact: dict[str, list[float]] = defaultdict(list)
     for task in sorted(Path(tasks_dir).iterdir()):
         family = task.name.rsplit("-", 1)[0]
         if family not in SLOTS:
@@ -64,8 +71,12 @@ def main(model_dir: str, tasks_dir: str) -> None:
         s = {c: score(instruction, solution[:a] + c + solution[b:]) for c in candidates}
         top = max(s.values())
         probs[family].append(math.exp(s[match.group(1)] - top) / sum(math.exp(v - top) for v in s.values()))
-    for family, ps in probs.items():
-        print(f"{family:14} p(right slot) mean {sum(ps) / len(ps):.2f} over {len(ps)} tasks")
+        exact[family].append(math.exp(s[match.group(1)]))
+    for family, ps in sorted(probs.items()):
+        print(f"{family:14} p(right slot) mean {sum(ps) / len(ps):.2f}, p(exact command) mean "
+              f"{sum(exact[family]) / len(ps):.2f} over {len(ps)} tasks")
+    allx = [x for xs in exact.values() for x in xs]
+    print(f"{'all':14} p(exact command) mean {sum(allx) / max(len(allx), 1):.3f} over {len(allx)} tasks")
 
 
 if __name__ == "__main__":

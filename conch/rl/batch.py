@@ -100,10 +100,15 @@ def split_head(model: Any) -> tuple[nn.Module, nn.Module] | None:
 
 
 def policy_forward(
-    model: Any, batch: Batch, replay: bool, temperature: float = 1.0, *, chunk: int | None = 1024
+    model: Any, batch: Batch, replay: bool, temperature: float = 1.0, *, chunk: int | None = 1024,
+    sampled_only: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Trainer log-probs [B, T], entropies [B, T] and the trainer's own expert choices [B, T, layers, k]
     (what its router would pick, also while replaying; None for dense models).
+
+    `sampled_only`: compute the LM head only at sampled positions (`batch.mask`), leaving 0 elsewhere. What the
+    PPO update needs: on agent trajectories most positions are prompt and observations (about 7 in 8 in the
+    demo), and the head over a vocabulary is the largest per-position cost of this model size.
 
     `chunk`: sequence positions per LM-head chunk (the default, memory-lean path: decoder hidden states, then
     head + log-softmax per chunk, recomputed in backward). None: the reference path through the model's full
@@ -137,7 +142,7 @@ def policy_forward(
         return lp, ent, own
     lp_s, ent_s = chunked_logprobs_and_entropy(
         hidden[:, :-1], head.weight, batch.ids[:, 1:], lm_head_bias=head.bias, chunk=max(1, chunk or 1),
-        temperature=temperature,
+        temperature=temperature, mask=batch.mask[:, 1:] if sampled_only else None,
     )
     first = lp_s.new_zeros((B, 1))
     return torch.cat([first, lp_s], dim=1), torch.cat([first, ent_s], dim=1), own

@@ -60,7 +60,7 @@ def prepare(
     mm_tokens = 0
     for chunk in _chunks(list(trajs), micro_batch):
         batch = collate(chunk, pad_id, with_experts=replay or True)
-        lp, _ent, own = policy_forward(policy, batch, replay=replay)
+        lp, _ent, own = policy_forward(policy, batch, replay=replay, sampled_only=True)
         values = values_before_tokens(value_forward(critic, batch, replay=replay)) if critic is not None else None
         n_tok = float(batch.mask.sum())
         mm = mismatch_metrics(lp, batch.sampler_logprobs, batch.mask, own_routing=own, sampler_routing=batch.experts)
@@ -148,11 +148,11 @@ def ppo_update(
                 old_v = _pad([p.values for p in mb], T)
                 values = values_before_tokens(value_forward(critic, batch, replay=replay)) if critic is not None else None
                 if update_policy:
-                    new_lp, ent, _own = policy_forward(policy, batch, replay=replay)
+                    new_lp, ent, _own = policy_forward(policy, batch, replay=replay, sampled_only=True)
                     ref_lp = None
                     if ref_model is not None and loss_cfg.kl_coef:
                         with torch.no_grad():
-                            ref_lp, _, _ = policy_forward(ref_model, batch, replay=replay)
+                            ref_lp, _, _ = policy_forward(ref_model, batch, replay=replay, sampled_only=True)
                     loss, st = ppo_loss(
                         loss_cfg, new_lp, old_lp, adv, batch.mask, values=values, old_values=old_v, returns=ret,
                         entropy=ent, ref_logp=ref_lp, sampler_logp=batch.sampler_logprobs, denom=denom,

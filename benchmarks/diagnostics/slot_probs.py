@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conch.agent.rollout import system_prompt
 from conch.agent.tito import ChatCodec
-from conch.tasks.synth.families_basic import BASES, DIRS
+from conch.tasks.synth.families_basic import DIRS
 from conch.tasks.synth.trajectories import BASH_TOOL
 
 SLOTS = {  # family -> (pattern whose group 1 is the slot in the solution, candidates)
@@ -33,7 +33,7 @@ SLOTS = {  # family -> (pattern whose group 1 is the slot in the solution, candi
     "count-files": (r"ls /app/(\w+) ", DIRS),
     "copy-files": (r"cp /app/(\w+)/", DIRS),
     "remove-files": (r"rm -f /app/(\w+)/", DIRS),
-    "make-dirs": (r"mkdir -p /app/(\w+)/", BASES),
+    "make-dirs": (r"mkdir -p /app/(\w+)/", DIRS),
 }
 
 

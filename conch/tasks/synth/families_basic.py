@@ -17,6 +17,13 @@ file extension or a folder count; the warm policy never learned to read those (p
 even with the instruction spelling the glob exactly as the command does), and PPO then made those families
 worse (copy-files 0.29 -> 0.15, remove-files 0.46 -> 0.16): a choice the policy cannot condition on only
 collapses under RL.
+
+Why every family draws from the same three folders: make-dirs once drew its base from its own names (out,
+jobs, runs). `/jobs` and `/runs` occurred in no other family, and the warm policy never told them apart: on
+jobs tasks and on runs tasks alike it gave p(jobs) 0.57-0.69 and p(runs) 0.26-0.38, while `/out` (also in
+copy-files' commands) was read at 0.85. PPO then pushed make-dirs towards whichever of the two the batches
+favoured (p(jobs) 0.89 on runs tasks too) and, in longer runs, collapsed it (pass rate 0.71 -> 0.32). A folder
+name is read when the policy has seen it copied in many commands, so the slot values are shared.
 """
 
 from __future__ import annotations
@@ -27,7 +34,6 @@ from conch.tasks.synth.base import TRAIN, TaskDraft, family, literal, pick, word
 
 FINAL = "Done."
 DIRS = ["data", "input", "logs"]
-BASES = ["out", "jobs", "runs"]
 CONTEXT = ["", "", "The files are already in place. ", "Use the shell. ", "Tidy work matters here. ",
            "One command is enough. ", "Small chore: ",
            "Housekeeping: ", "Before the nightly backup runs: ", "Please help. ",
@@ -46,7 +52,7 @@ def _junk(rng: random.Random, n: int) -> list[str]:
 
 @family("make-dirs", TRAIN, "starter", "create three numbered folders in a named folder")
 def make_dirs(rng: random.Random) -> TaskDraft:
-    base = pick(rng, BASES)
+    base = pick(rng, DIRS)
     instruction = _say(rng, ["Create the folders /app/{b}/1, /app/{b}/2 and /app/{b}/3.",
                              "Make numbered folders /app/{b}/{{1..3}} (one per number).",
                              "Create three numbered folders in /app/{b}: 1, 2 and 3."], b=base)

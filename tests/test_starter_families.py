@@ -1,0 +1,24 @@
+"""The starter families each draw one slot, a folder from a shared set of three, that the instruction names."""
+
+from __future__ import annotations
+
+import re
+
+from conch.tasks.synth import draft_for, load_families
+from conch.tasks.synth.families_basic import DIRS, STARTER_FAMILIES
+
+FAMILIES = load_families()
+
+
+def test_each_starter_solution_uses_the_folder_its_instruction_names():
+    for name in STARTER_FAMILIES:
+        seen = set()
+        for seed in range(40):
+            d = draft_for(FAMILIES[name], seed)
+            folders = set(re.findall(r"/app/(\w+)", d.solution[-1])) & set(DIRS)
+            assert len(folders) == 1, (name, seed, d.solution)
+            (folder,) = folders
+            assert f"/app/{folder}" in d.instruction, (name, seed, d.instruction)
+            assert not (set(DIRS) - {folder}) & set(re.findall(r"/app/(\w+)", d.instruction)), (name, seed)
+            seen.add(folder)
+        assert seen == set(DIRS), (name, seen)  # every value of the slot is drawn

@@ -22,3 +22,14 @@ def test_each_starter_solution_uses_the_folder_its_instruction_names():
             assert not (set(DIRS) - {folder}) & set(re.findall(r"/app/(\w+)", d.instruction)), (name, seed)
             seen.add(folder)
         assert seen == set(DIRS), (name, seen)  # every value of the slot is drawn
+
+
+def test_balanced_subset_of_demos():
+    from conch.rl.train import balanced_subset
+
+    chats = [{"task": f"{fam}-{i}", "family": fam} for fam in ("a", "b", "c") for i in range(10)]
+    sub = balanced_subset(chats, 9, seed=0)
+    assert sorted(c["family"] for c in sub) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    assert sub == balanced_subset(chats, 9, seed=0) and sub != balanced_subset(chats, 9, seed=1)
+    assert len(balanced_subset(chats, 100, seed=0)) == 30
+    assert [c["task"] for c in sub] == [c["task"] for c in chats if c in sub]  # corpus order kept

@@ -264,13 +264,31 @@ def warm_start_sft(cfg: Config, policy: Any, codec: Any, trajectories: Path | No
         return {"skipped": True}
     chats = [json.loads(line) for line in trajectories.read_text().splitlines() if line.strip()]
     chats = [c for c in chats if c.get("split", "train") == "train"]
+    available = len(chats)
+    if cfg.sft.demos:
+        chats = balanced_subset(chats, cfg.sft.demos, seed=cfg.run.seed)
     examples = [build_example(codec, c["messages"], cfg.agent.max_context) for c in chats]
-    log(f"SFT warm start on {len(examples)} expert trajectories (budget {cfg.sft.steps} steps)")
+    log(f"SFT warm start on {len(examples)} of {available} expert trajectories (budget {cfg.sft.steps} steps)")
     rep = train_sft(policy, examples, pad_id, cfg.sft.steps, cfg.sft.lr, cfg.sft.batch_size, cfg.sft.val_fraction,
                     cfg.sft.eval_every, cfg.sft.patience, seed=cfg.run.seed)
     log(f"SFT: {rep.steps} steps, best validation loss {rep.best_val:.3f}, stopped at {rep.stopped}")
     return {"steps": rep.steps, "best_val": rep.best_val, "stopped": rep.stopped, "seconds": rep.seconds,
             "val_curve": rep.val_loss, "examples": rep.examples, "val_examples": rep.val_examples}
+
+
+def balanced_subset(chats: list[dict], n: int, seed: int) -> list[dict]:
+    """`n` chats taken round-robin over families (each family's order shuffled by `seed`), in corpus order."""
+    by_family: dict[str, list[int]] = {}
+    for i, c in enumerate(chats):
+        by_family.setdefault(c.get("family") or c.get("task", "").rsplit("-", 1)[0], []).append(i)
+    rng = random.Random(seed)
+    queues = [rng.sample(idx, len(idx)) for _, idx in sorted(by_family.items())]
+    picked: list[int] = []
+    while len(picked) < min(n, len(chats)):
+        for q in queues:
+            if q and len(picked) < n:
+                picked.append(q.pop())
+    return [chats[i] for i in sorted(picked)]
 
 
 def rollout_metrics(trajs: list, rstats: Any) -> dict[str, float]:

@@ -10,9 +10,9 @@ instruction names (drawn from three), so the policy must read the instruction to
 (names, contents, how many) are random per seed and never named, so the command must work on whatever is there
 (globs, pipes) rather than replay memorised names.
 
-Why the slot is a folder: after the SFT warm start the tiny model reads a folder name from the instruction
-part of the time (p(right folder) 0.56-0.82 in `benchmarks/diagnostics/slot_probs.py`), so RL has a signal to
-sharpen, and it does (count-lines 0.55 -> 0.75 pass rate in 10 PPO iterations). Earlier versions also drew a
+Why the slot is a folder: the tiny model learns to read a folder name from the instruction (after SFT on the
+demo's 150 expert trajectories p(right folder) is 0.94-1.00 in `benchmarks/diagnostics/slot_probs.py`; with
+50 it is not read at all, 0.25-0.45, with 80 it is). Earlier versions also drew a
 file extension or a folder count; the warm policy never learned to read those (p 0.30-0.39, chance is 0.33,
 even with the instruction spelling the glob exactly as the command does), and PPO then made those families
 worse (copy-files 0.29 -> 0.15, remove-files 0.46 -> 0.16): a choice the policy cannot condition on only

@@ -106,7 +106,8 @@ def policy_forward(
     """Trainer log-probs [B, T], entropies [B, T] and the trainer's own expert choices [B, T, layers, k]
     (what its router would pick, also while replaying; None for dense models).
 
-    `sampled_only`: compute the LM head only at sampled positions (`batch.mask`), leaving 0 elsewhere. What the
+    `sampled_only`: compute the LM head only at sampled positions (`batch.mask`), leaving 0 elsewhere (the
+    full-logits path below computes every position regardless; values at sampled positions agree). What the
     PPO update needs: on agent trajectories most positions are prompt and observations (about 7 in 8 in the
     demo), and the head over a vocabulary is the largest per-position cost of this model size.
 

@@ -277,10 +277,11 @@ def warm_start_sft(cfg: Config, policy: Any, codec: Any, trajectories: Path | No
 
 
 def balanced_subset(chats: list[dict], n: int, seed: int) -> list[dict]:
-    """`n` chats taken round-robin over families (each family's order shuffled by `seed`), in corpus order."""
+    """`n` chats taken round-robin over families (each family's order shuffled by `seed`), in corpus order.
+    Every expert chat conch writes names its family (`tasks/synth/trajectories.py`)."""
     by_family: dict[str, list[int]] = {}
     for i, c in enumerate(chats):
-        by_family.setdefault(c.get("family") or c.get("task", "").rsplit("-", 1)[0], []).append(i)
+        by_family.setdefault(c.get("family", ""), []).append(i)
     rng = random.Random(seed)
     queues = [rng.sample(idx, len(idx)) for _, idx in sorted(by_family.items())]
     picked: list[int] = []

@@ -30,7 +30,10 @@ def opt(default: Any, doc: str) -> Any:
 class CorpusConfig:
     train_tasks: str = opt("", "folder of training tasks; empty: synthesize the train split into RUNDIR/corpus")
     eval_tasks: str = opt("", "folder of evaluation tasks; empty: synthesize new seeds of the training families")
-    n_train: int = opt(150, "synthesized training tasks")
+    n_train: int = opt(150, "synthesized training tasks, each with an expert trajectory (the SFT data)")
+    n_rl: int = opt(400, "extra synthesized tasks of the training families without expert trajectories: the PPO "
+                       "pool (0: PPO trains on the training tasks). RL needs only a verifier, so its pool can be "
+                       "larger than the demonstrations, and PPO then never grades tasks whose solution SFT showed")
     n_eval: int = opt(60, "synthesized evaluation tasks (train families, seeds never trained on)")
     n_heldout: int = opt(10, "synthesized tasks of the heldout families (transfer to unseen kinds of task)")
     families: list = opt(["make-dirs", "count-lines", "count-files", "copy-files", "remove-files"],
@@ -49,7 +52,7 @@ class ModelConfig:
 
 @dataclass
 class AgentLoopConfig:
-    max_turns: int = opt(6, "assistant turns per episode")
+    max_turns: int = opt(4, "assistant turns per episode")
     max_new_tokens: int = opt(64, "tokens per assistant turn")
     max_context: int = opt(2048, "context limit in tokens")
     obs_token_budget: int = opt(256, "observation tokens kept per command (head and tail)")
@@ -89,7 +92,7 @@ class PPOConfig:
     critic_lr: float = opt(1e-3, "critic learning rate")
     epochs: int = opt(2, "optimisation passes over each batch")
     micro_batch: int = opt(4, "trajectories per forward/backward")
-    grad_accum: int = opt(8, "micro-batches per optimizer step")
+    grad_accum: int = opt(4, "micro-batches per optimizer step")
     max_grad_norm: float = opt(1.0, "gradient clipping")
     gamma: float = opt(1.0, "discount per sampled token")
     lam: float = opt(1.0, "GAE lambda")
@@ -101,7 +104,7 @@ class PPOConfig:
     clip_high: float = opt(0.28, "policy ratio clip above 1 (asymmetric clip)")
     dual_clip: float = opt(3.0, "dual-clip bound for negative advantages (0: off)")
     value_clip: float = opt(0.5, "value clip around old values (0: off)")
-    kl_coef: float = opt(0.05, "KL penalty to the warm policy (0: off)")
+    kl_coef: float = opt(0.0, "KL penalty to the warm policy (0: off)")
     entropy_coef: float = opt(0.0, "entropy bonus")
     tis_cap: float = opt(2.0, "truncated importance-sampling cap for the train/inference gap (0: off)")
     routing_replay: bool = opt(True, "R3: replay the sampler's expert choices in the trainer (MoE models only)")

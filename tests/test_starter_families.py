@@ -33,3 +33,15 @@ def test_balanced_subset_of_demos():
     assert sub == balanced_subset(chats, 9, seed=0) and sub != balanced_subset(chats, 9, seed=1)
     assert len(balanced_subset(chats, 100, seed=0)) == 30
     assert [c["task"] for c in sub] == [c["task"] for c in chats if c in sub]  # corpus order kept
+
+
+def test_drop_seen_instructions(tmp_path):
+    from conch.rl.stages import drop_seen_instructions
+
+    for folder, names in (("a", {"t1": "same\n", "t2": "only in a\n"}), ("b", {"u1": "same\n"})):
+        for name, text in names.items():
+            (tmp_path / folder / name).mkdir(parents=True)
+            (tmp_path / folder / name / "instruction.md").write_text(text)
+    assert drop_seen_instructions(tmp_path / "a", tmp_path / "b") == 1
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["t2"]
+    assert (tmp_path / "b" / "u1").exists()  # the reference folder is left alone

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 TINY = [
-    "corpus.n_train=5", "corpus.n_eval=3", "corpus.n_heldout=0",
+    "corpus.n_train=5", "corpus.n_eval=3", "corpus.n_heldout=0", "corpus.n_rl=4",
     "sft.steps=4", "sft.eval_every=2", "sft.batch_size=2",
     "critic.iterations=1", "critic.epochs=1",
     "ppo.iterations=1", "ppo.tasks_per_iter=2", "ppo.n_per_task=2", "ppo.epochs=1", "ppo.micro_batch=2",
@@ -53,6 +53,11 @@ def test_train_then_resume(tmp_path, home):
     sft = json.loads((run / "sft.done.json").read_text())
     assert sft["steps"] >= 1 and sft["val_curve"]
     assert (run / "warm" / "config.json").exists() and (run / "critic.done.json").exists()
+    corpus = json.loads((run / "corpus.done.json").read_text())
+    assert corpus["rl"] == str(run / "corpus" / "rl")  # PPO's pool: tasks without expert trajectories
+    rl_tasks = {p.name for p in (run / "corpus" / "rl").iterdir()}
+    assert rl_tasks and not rl_tasks & {p.name for p in (run / "corpus" / "train").iterdir()}
+    assert "synthesizing 4 PPO tasks" in p.stderr
 
     # Resume with a larger iteration budget: the stages are skipped and PPO continues at iteration 1.
     p2 = conch("train", "--resume", str(run), "ppo.iterations=2", home=home)

@@ -42,6 +42,7 @@ class Corpus:
     eval: Path
     heldout: Path
     trajectories: Path | None  # expert chats of the train split (SFT data)
+    rl: Path | None = None  # the PPO pool when it is not the train split (`corpus.n_rl`)
 
 
 def build_corpus(cfg: Config, run_dir: Path) -> Corpus:
@@ -50,7 +51,8 @@ def build_corpus(cfg: Config, run_dir: Path) -> Corpus:
     done = marker(run_dir, "corpus")
     if done:
         return Corpus(Path(done["train"]), Path(done["eval"]), Path(done["heldout"]),
-                      Path(done["trajectories"]) if done["trajectories"] else None)
+                      Path(done["trajectories"]) if done["trajectories"] else None,
+                      Path(done["rl"]) if done.get("rl") else None)
     from conch.tasks.synth import select_families, summary_lines, synthesize
 
     root = run_dir / "corpus"
@@ -77,26 +79,38 @@ def build_corpus(cfg: Config, run_dir: Path) -> Corpus:
         dropped = drop_seen_instructions(eval_dir, train)
         if dropped:
             log(f"dropped {dropped} evaluation task(s) whose instruction also occurs in the training set")
+    rl: Path | None = None
+    if c.n_rl > 0 and not c.train_tasks:
+        # Not validated: these come from the same generators as the validated train split, and a broken task
+        # would only end as a verifier error, which PPO excludes from the loss (validating hundreds of tasks
+        # would cost minutes of the demo's budget).
+        rl = root / "rl"
+        log(f"synthesizing {c.n_rl} PPO tasks of the training families (no expert trajectories)")
+        synthesize(rl, c.n_rl, c.seed + 3 * EVAL_SEED_OFFSET, train_fams, validate=False, log=lambda m: None)
+        dropped = drop_seen_instructions(rl, eval_dir)
+        if dropped:
+            log(f"dropped {dropped} PPO task(s) whose instruction also occurs in the evaluation set")
     heldout = root / "heldout"
     if c.n_heldout > 0:
         log(f"synthesizing {c.n_heldout} tasks of the heldout families")
         synthesize(heldout, c.n_heldout, c.seed + 2 * EVAL_SEED_OFFSET, select_families(None, split="heldout"),
                    validate=True, jobs=cfg.run.jobs, backend=cfg.run.sandbox, log=lambda m: None)
-    corpus = Corpus(train, eval_dir, heldout, traj_path)
+    corpus = Corpus(train, eval_dir, heldout, traj_path, rl)
     mark_done(run_dir, "corpus", {"train": str(train), "eval": str(eval_dir), "heldout": str(heldout),
                                   "trajectories": str(traj_path) if traj_path else None,
+                                  "rl": str(rl) if rl else None,
                                   "seconds": time.monotonic() - t0})
     return corpus
 
 
-def drop_seen_instructions(eval_dir: Path, train_dir: Path) -> int:
-    """Remove evaluation tasks whose instruction text is identical to a training task's, so every evaluated
-    instance is one the policy never trained on (random draws of small starter families can collide)."""
+def drop_seen_instructions(folder: Path, other: Path) -> int:
+    """Remove the tasks of `folder` whose instruction text is identical to a task's in `other`, so every
+    evaluated instance is one the policy never trained on (random draws of small starter families can collide)."""
     import shutil
 
-    seen = {p.read_text() for p in train_dir.glob("*/instruction.md")}
+    seen = {p.read_text() for p in other.glob("*/instruction.md")}
     dropped = 0
-    for p in sorted(eval_dir.glob("*/instruction.md")):
+    for p in sorted(folder.glob("*/instruction.md")):
         if p.read_text() in seen:
             shutil.rmtree(p.parent)
             dropped += 1

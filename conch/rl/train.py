@@ -96,10 +96,13 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
 
     torch.manual_seed(cfg.run.seed)
     train_tasks = load_task_list(corpus.train)
+    pool = load_task_list(corpus.rl) if corpus.rl else train_tasks  # what the critic warm-up and PPO roll out on
     eval_tasks = load_task_list(corpus.eval)
     heldout_tasks = load_task_list(corpus.heldout)
     if not train_tasks:
         raise ConfigError(f"no loadable training tasks in {corpus.train}")
+    if not pool:
+        raise ConfigError(f"no loadable PPO tasks in {corpus.rl}")
     model_dir = init_or_load_model(cfg, run_dir, corpus)
     loaded = load_policy(model_dir, dtype=cfg.model.trainer_dtype)
     policy, tok = loaded.model, loaded.tokenizer
@@ -183,7 +186,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
             best_ev, bad = -float("inf"), 0
             curve = []
             for i in range(cfg.critic.iterations):
-                tasks = rng.sample(train_tasks, min(cfg.ppo.tasks_per_iter, len(train_tasks)))
+                tasks = rng.sample(pool, min(cfg.ppo.tasks_per_iter, len(pool)))
                 trajs, _ = await rollout(tasks, it_seed=10_000 + i)                      # rollout + verify
                 kept, _excluded = partition(trajs)
                 prepared, _ = prepare(policy, critic, kept, pad_id, replay, cfg.reward.mode,    # reward + GAE
@@ -209,7 +212,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
         for it in range(start_it, cfg.ppo.iterations):
             t_it = time.monotonic()
             it_rng = random.Random(cfg.run.seed * 7919 + it)
-            tasks = it_rng.sample(train_tasks, min(cfg.ppo.tasks_per_iter, len(train_tasks)))
+            tasks = it_rng.sample(pool, min(cfg.ppo.tasks_per_iter, len(pool)))
             trajs, rstats = await rollout(tasks, it_seed=it)                                   # rollout + verify
             kept, excluded = partition(trajs)                                                   # errors excluded
             prepared, mismatch = prepare(policy, critic, kept, pad_id, replay, cfg.reward.mode,  # reward + GAE

@@ -55,7 +55,11 @@ def make_dirs(rng: random.Random) -> TaskDraft:
     base = pick(rng, DIRS)
     instruction = _say(rng, ["Create the folders /app/{b}/1, /app/{b}/2 and /app/{b}/3.",
                              "Make numbered folders /app/{b}/{{1..3}} (one per number).",
-                             "Create three numbered folders in /app/{b}: 1, 2 and 3."], b=base)
+                             "Create three numbered folders in /app/{b}: 1, 2 and 3.",
+                             "Inside /app/{b}, set up subfolders named 1, 2 and 3.",
+                             "/app/{b} needs three new directories called 1, 2 and 3.",
+                             "Add directories 1 through 3 under /app/{b}.",
+                             "We want /app/{b} to contain the empty folders 1, 2 and 3."], b=base)
     tests = [f"def test_folder_{i}():\n    assert os.path.isdir('/app/{base}/{i}')\n" for i in range(1, 4)]
     tests.append(f"def test_no_other_folders():\n    assert sorted(os.listdir('/app/{base}')) == ['1', '2', '3']\n")
     return TaskDraft(instruction=instruction, tests=tests, solution=[f"mkdir -p /app/{base}/{{1..3}}"],
@@ -68,7 +72,11 @@ def count_lines(rng: random.Random) -> TaskDraft:
     name = words(rng, pick(rng, ["fruit", "city", "animal"]), 1)[0]
     instruction = _say(rng, ["Find how many lines the file in /app/{d} has and write that number into /app/count.txt.",
                              "Write the number of lines of the file in /app/{d} to /app/count.txt.",
-                             "How many lines are in the file under /app/{d}? Write the answer to /app/count.txt."],
+                             "How many lines are in the file under /app/{d}? Write the answer to /app/count.txt.",
+                             "Count the lines of the single file in /app/{d}; store the count in /app/count.txt.",
+                             "There is one file in /app/{d}. Put its line count in /app/count.txt.",
+                             "/app/count.txt should hold the line count of the file that sits in /app/{d}.",
+                             "Record in /app/count.txt how long, in lines, the file in /app/{d} is."],
                        d=d)
     tests = [
         "def test_count_exists():\n    assert os.path.isfile('/app/count.txt')\n",
@@ -85,7 +93,11 @@ def count_files(rng: random.Random) -> TaskDraft:
     names = words(rng, "name", n)
     instruction = _say(rng, ["Write how many files /app/{d} holds to /app/total.txt.",
                              "Count the files in /app/{d} and save the number in /app/total.txt.",
-                             "Put the number of files in /app/{d} into /app/total.txt."], d=d)
+                             "Put the number of files in /app/{d} into /app/total.txt.",
+                             "How many files are there in /app/{d}? Save the answer in /app/total.txt.",
+                             "/app/total.txt should contain the number of files found in /app/{d}.",
+                             "Tally the files of /app/{d} and write the tally to /app/total.txt.",
+                             "Store the file count of /app/{d} in /app/total.txt."], d=d)
     tests = [
         "def test_total_exists():\n    assert os.path.isfile('/app/total.txt')\n",
         "def test_total_is_a_number():\n    assert read('/app/total.txt').strip().isdigit()\n",
@@ -112,7 +124,11 @@ def copy_files(rng: random.Random) -> TaskDraft:
     files, chosen, _ = _mixed_files(rng, d, "txt", ["txt", "csv", "log"])
     instruction = _say(rng, ["Copy the .txt files of /app/{d} into /app/out.",
                              "Every .txt file in /app/{d} should also end up in /app/out.",
-                             "Put copies of the .txt files in /app/{d} into /app/out."], d=d)
+                             "Put copies of the .txt files in /app/{d} into /app/out.",
+                             "Duplicate the text files (.txt) from /app/{d} into a folder /app/out.",
+                             "/app/out must receive a copy of each .txt file in /app/{d}.",
+                             "Back up the .txt files of /app/{d} to /app/out; leave the originals.",
+                             "Gather copies of all .txt files from /app/{d} in /app/out."], d=d)
     prelude = f"EXPECTED = {literal({n: files[f'{d}/{n}'] for n in chosen})}\n"
     tests = ["def test_out_folder():\n    assert os.path.isdir('/app/out')\n"]
     tests += [f"def test_copied_{i}():\n    assert read('/app/out/{n}') == EXPECTED['{n}']\n"
@@ -129,7 +145,11 @@ def remove_files(rng: random.Random) -> TaskDraft:
     files, doomed, kept = _mixed_files(rng, d, "tmp", ["tmp", "log", "bak"])
     instruction = _say(rng, ["Delete the .tmp files in /app/{d} and keep the others.",
                              "Remove every .tmp file from /app/{d}; leave the other files alone.",
-                             "In /app/{d}, delete all .tmp files and nothing else."], d=d)
+                             "In /app/{d}, delete all .tmp files and nothing else.",
+                             "Clean the .tmp files out of /app/{d}, keeping everything else.",
+                             "/app/{d} has temporary .tmp files; get rid of them and only them.",
+                             "Purge the .tmp files under /app/{d}. The other files stay.",
+                             "Only the .tmp files of /app/{d} should be deleted."], d=d)
     tests = [f"def test_removed_{i}():\n    assert not os.path.exists('/app/{d}/{n}')\n" for i, n in enumerate(doomed)]
     tests.append(f"def test_others_kept():\n    assert sorted(os.listdir('/app/{d}')) == {sorted(kept)!r}\n")
     return TaskDraft(instruction=instruction, tests=tests, solution=[f"rm -f /app/{d}/*.tmp"],

@@ -33,7 +33,7 @@ class CorpusConfig:
     n_train: int = opt(150, "synthesized training tasks, each with an expert trajectory (the SFT data)")
     n_rl: int = opt(400, "extra synthesized tasks of the training families without expert trajectories: the PPO "
                        "pool (0: PPO trains on the training tasks). RL needs only a verifier, so its pool can be "
-                       "larger than the demonstrations, and PPO then never grades tasks whose solution SFT showed")
+                       "larger than the demonstrations, and PPO overfits less than on the demonstrated tasks")
     n_eval: int = opt(60, "synthesized evaluation tasks (train families, seeds never trained on)")
     n_heldout: int = opt(10, "synthesized tasks of the heldout families (transfer to unseen kinds of task)")
     families: list = opt(["make-dirs", "count-lines", "count-files", "copy-files", "remove-files"],

@@ -18,7 +18,7 @@ Where this departs from textbook PPO:
 - R3: with `ppo.routing_replay`, every trainer forward (actor and critic) replays the experts the sampler chose.
 - The trainer sees exactly the sampled token ids (TITO, `agent/tito.py`), never a re-tokenization.
 - PPO rolls out on its own task pool (`corpus.n_rl`), larger than and disjoint from the tasks whose expert
-  trajectories SFT imitated: RL needs only a verifier, and on the demo 150 demonstration tasks alone PPO fit
+  trajectories SFT imitated: RL needs only a verifier, and on the demo's 150 demonstrated tasks alone PPO fit
   some families at the cost of others (make-dirs 0.55 -> 0.91, copy-files 0.56 -> 0.46), where 400 fresh
   tasks lifted all five.
 """

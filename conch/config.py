@@ -65,7 +65,7 @@ class AgentLoopConfig:
 @dataclass
 class SFTConfig:
     demos: int = opt(0, "expert trajectories the warm start learns from, balanced over families (0: one per "
-                        "training task); PPO still trains on every task")
+                        "training task); PPO's task pool is unaffected")
     steps: int = opt(240, "optimizer steps of the warm start (cosine-decayed learning rate over this budget)")
     lr: float = opt(2e-3, "learning rate")
     batch_size: int = opt(8, "trajectories per step")

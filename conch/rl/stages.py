@@ -82,7 +82,7 @@ def build_corpus(cfg: Config, run_dir: Path) -> Corpus:
     rl: Path | None = None
     if c.n_rl > 0 and c.train_tasks:
         log(f"corpus.n_rl = {c.n_rl} ignored: PPO rolls out on corpus.train_tasks ({train})")
-    if c.n_rl > 0 and not c.train_tasks:
+    elif c.n_rl > 0:
         # Not validated: these come from the same generators as the validated train split, and a broken task
         # would only end as a verifier error, which PPO excludes from the loss (validating hundreds of tasks
         # would cost minutes of the demo's budget).

@@ -19,9 +19,9 @@ demo). This is the situation RL is for: demonstrations are scarce, tasks with te
 while SFT stops halfway: with other seeds SFT reads the folder fully (warm 0.93) or not at all (0.37) by its
 step budget, and PPO then adds nothing (README, "Not robust across seeds").
 
-Why the slot is a folder: the tiny model learns to read a folder name from the instruction (after SFT on the
-demo's 150 expert trajectories p(right folder) is 0.94-1.00 in `benchmarks/diagnostics/slot_probs.py`; with
-50 it is not read at all, 0.25-0.45, with 80 it is). Earlier versions also drew a
+Why the slot is a folder: the tiny model learns to read a folder name from the instruction (with three
+wordings, after SFT on the demo's 150 expert trajectories p(right folder) was 0.94-1.00 in
+`benchmarks/diagnostics/slot_probs.py`; with 50 it was not read at all, 0.25-0.45, with 80 it was). Earlier versions also drew a
 file extension or a folder count; the warm policy never learned to read those (p 0.30-0.39, chance is 0.33,
 even with the instruction spelling the glob exactly as the command does), and PPO then made those families
 worse (copy-files 0.29 -> 0.15, remove-files 0.46 -> 0.16): a choice the policy cannot condition on only

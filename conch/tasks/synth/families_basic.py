@@ -84,8 +84,8 @@ def count_lines(rng: random.Random) -> TaskDraft:
                              "How many lines are in the file under /app/{d}? Write the answer to /app/count.txt.",
                              "Count the lines of the single file in /app/{d}; store the count in /app/count.txt.",
                              "There is one file in /app/{d}. Put its line count in /app/count.txt.",
-                             "/app/count.txt should hold the line count of the file that sits in /app/{d}.",
-                             "Record in /app/count.txt how long, in lines, the file in /app/{d} is."],
+                             "Line count of the lone /app/{d} file goes into /app/count.txt.",
+                             "Find how many lines the /app/{d} file has; /app/count.txt gets that number."],
                        d=d)
     tests = [
         "def test_count_exists():\n    assert os.path.isfile('/app/count.txt')\n",
@@ -104,7 +104,7 @@ def count_files(rng: random.Random) -> TaskDraft:
                              "Count the files in /app/{d} and save the number in /app/total.txt.",
                              "Put the number of files in /app/{d} into /app/total.txt.",
                              "How many files are there in /app/{d}? Save the answer in /app/total.txt.",
-                             "/app/total.txt should contain the number of files found in /app/{d}.",
+                             "Write the number of files in /app/{d} to /app/total.txt.",
                              "Tally the files of /app/{d} and write the tally to /app/total.txt.",
                              "Store the file count of /app/{d} in /app/total.txt."], d=d)
     tests = [

@@ -34,6 +34,10 @@ class CorpusConfig:
     n_rl: int = opt(400, "extra synthesized tasks of the training families without expert trajectories: the PPO "
                        "pool (0: PPO trains on the training tasks). RL needs only a verifier, so its pool can be "
                        "larger than the demonstrations, and PPO overfits less than on the demonstrated tasks")
+    mistake_rate: float = opt(0.5, "share of expert demonstrations that show the family's typical mistake (a real "
+                                   "run that passes some tests but not all) instead of the reference solution: an "
+                                   "imperfect expert, as real ones are, so SFT imitates a mix and PPO must find from "
+                                   "the verifier which way passes (0: a perfect expert)")
     n_eval: int = opt(60, "synthesized evaluation tasks (train families, seeds never trained on)")
     n_heldout: int = opt(10, "synthesized tasks of the heldout families (transfer to unseen kinds of task)")
     families: list = opt(["make-dirs", "count-lines", "count-files", "copy-files", "remove-files"],

@@ -70,23 +70,29 @@ def _output(stdout: str, stderr: str) -> str:
     return stdout + ("\n" if stdout and stderr and not stdout.endswith("\n") else "") + stderr
 
 
+async def _run_commands(sandbox: Sandbox, commands: Sequence[str], timeout: float) -> list[Step]:
+    """Each command in one persistent shell, as an agent's turns, until `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    steps: list[Step] = []
+    session = await sandbox.shell()
+    try:
+        for command in commands:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                steps.append(Step(command, "agent timeout reached; not run", None, True))
+                break
+            r = await session.run(command, timeout=remaining)
+            steps.append(Step(command, _output(r.stdout, r.stderr), r.exit_code, r.timed_out))
+    finally:
+        await session.close()
+    return steps
+
+
 async def run_oracle(sandbox: Sandbox, task: Task) -> list[Step]:
     """Run the reference solution: a command list in one persistent shell, else the solution script."""
-    deadline = time.monotonic() + task.agent_timeout_sec
-    steps: list[Step] = []
     if task.solution_commands:
-        session = await sandbox.shell()
-        try:
-            for command in task.solution_commands:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    steps.append(Step(command, "agent timeout reached; not run", None, True))
-                    break
-                r = await session.run(command, timeout=remaining)
-                steps.append(Step(command, _output(r.stdout, r.stderr), r.exit_code, r.timed_out))
-        finally:
-            await session.close()
-        return steps
+        return await _run_commands(sandbox, task.solution_commands, task.agent_timeout_sec)
+    steps: list[Step] = []
     script = task.solution_script
     if script is None:
         raise AgentError(f"{task.path}: no solution (solution/solve.sh, solution/commands.json, solution.sh or solution.yaml)")
@@ -115,8 +121,13 @@ def _static_total(task: Task | TaskLoadError) -> int:
         return 0
 
 
-async def run_task(task: Task | TaskLoadError, agent: str = "oracle", backend: str = "local") -> CheckResult:
-    """Build the task's sandbox, let `agent` act, verify, stop the sandbox. Never raises (except cancellation)."""
+async def run_task(task: Task | TaskLoadError, agent: str | Sequence[str] = "oracle",
+                   backend: str = "local") -> CheckResult:
+    """Build the task's sandbox, let `agent` act, verify, stop the sandbox. Never raises (except cancellation).
+
+    `agent` is a scripted agent's name or a list of commands to run as the agent's turns (e.g. a
+    demonstration that is not the reference solution).
+    """
     start = time.monotonic()
     steps: list[Step] = []
 
@@ -125,14 +136,17 @@ async def run_task(task: Task | TaskLoadError, agent: str = "oracle", backend: s
 
     if isinstance(task, TaskLoadError):
         return failed(f"task did not load: {task}")
-    if agent not in _AGENT_FNS:
+    if isinstance(agent, str) and agent not in _AGENT_FNS:
         return failed(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")
     sandbox: Sandbox | None = None
     try:
         sandbox = make_sandbox(backend, task.sandbox_spec())
         await sandbox.start()
         try:
-            steps.extend(await _AGENT_FNS[agent](sandbox, task))
+            if isinstance(agent, str):
+                steps.extend(await _AGENT_FNS[agent](sandbox, task))
+            else:
+                steps.extend(await _run_commands(sandbox, agent, task.agent_timeout_sec))
         except AgentError as exc:
             return failed(f"agent {agent}: {exc}")
         result = await verify(sandbox, task)

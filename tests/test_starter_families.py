@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 
 from conch.tasks.synth import draft_for, load_families
 from conch.tasks.synth.families_basic import DIRS, STARTER_FAMILIES
@@ -45,3 +46,43 @@ def test_drop_seen_instructions(tmp_path):
     assert drop_seen_instructions(tmp_path / "a", tmp_path / "b") == 1
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["t2"]
     assert (tmp_path / "b" / "u1").exists()  # the reference folder is left alone
+
+
+def test_each_starter_family_has_a_one_token_style_mistake_in_the_same_folder():
+    for name in STARTER_FAMILIES:
+        for seed in range(10):
+            d = draft_for(FAMILIES[name], seed)
+            assert len(d.mistake) == len(d.solution) == 1 and d.mistake != d.solution, (name, seed)
+            # the mistake names the same folder: only the family's way of doing it differs
+            assert set(re.findall(r"/app/(\w+)", d.mistake[0])) == set(re.findall(r"/app/(\w+)", d.solution[0]))
+
+
+def test_shows_mistake_picks_the_configured_share_by_seed():
+    from conch.tasks.synth import shows_mistake
+
+    fam = FAMILIES["count-files"]
+    picks = [bool(shows_mistake(fam, seed, 0.5)) for seed in range(400)]
+    assert 160 < sum(picks) < 240
+    assert picks == [bool(shows_mistake(fam, seed, 0.5)) for seed in range(400)]  # a function of the seed
+    assert not any(shows_mistake(fam, seed, 0.0) for seed in range(50))
+    assert all(shows_mistake(fam, seed, 1.0) for seed in range(50))
+    assert not shows_mistake(FAMILIES["config-patch"], 0, 1.0)  # a family without a mistake: always the oracle
+
+
+def test_mistaken_demonstrations_are_real_runs_that_fail_some_tests(tmp_path, base_root):
+    import json
+
+    from conch.tasks.synth import select_families, synthesize
+
+    fams = select_families(list(STARTER_FAMILIES))
+    traj = tmp_path / "expert.jsonl"
+    report = synthesize(tmp_path / "out", 5, 2, fams, jobs=2, trajectories=traj, log=lambda m: None, mistake_rate=1.0)
+    rows = [json.loads(line) for line in traj.read_text().splitlines()]
+    assert report.mistakes == len(rows) == 5
+    for row in rows:
+        n_passed, n_total = map(int, row["mistake"].split("/"))
+        assert 0 < n_passed < n_total, row  # partial credit: the count reward still ranks it above nothing
+        meta = tomllib.loads((report.out / row["task"] / "task.toml").read_text())["metadata"]
+        shown = [m["tool_calls"][0]["function"]["arguments"]["command"] for m in row["messages"][2:-1:2]]
+        assert shown == draft_for(FAMILIES[row["family"]], meta["seed"]).mistake
+        assert row["messages"][3]["content"].endswith("[exit code: 0]")

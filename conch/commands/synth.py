@@ -1,7 +1,7 @@
 """`conch synth`: generate a validated corpus of procedural tasks, or print statistics of a task folder.
 
     conch synth --out DIR --n N --seed S [--families a,b] [--split train|heldout] [--jobs J] [--no-validate]
-                [--trajectories FILE.jsonl]
+                [--trajectories FILE.jsonl [--mistake-rate R]]
     conch synth --stats DIR [--json]
     conch synth --list [--json]
 """
@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default="local", help="sandbox backend for validation (default local)")
     p.add_argument("--max-attempts", type=int, default=4, help="seeds tried per slot before giving up")
     p.add_argument("--trajectories", type=Path, help="write the oracle runs as chat JSONL (needs validation)")
+    p.add_argument("--mistake-rate", type=float, default=0.0,
+                   help="share of trajectories that show the family's mistake instead of the oracle (default 0)")
     p.add_argument("--stats", type=Path, metavar="DIR", help="print statistics of the tasks under DIR")
     p.add_argument("--list", action="store_true", help="list the families with their split and category")
     p.add_argument("--json", action="store_true", help="machine-readable output (with --stats or --list)")
@@ -50,13 +52,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--jobs and --max-attempts must be at least 1")
     if args.trajectories is not None and args.no_validate:
         raise UsageError("--trajectories records real oracle runs; it cannot be combined with --no-validate")
+    if not 0.0 <= args.mistake_rate <= 1.0:
+        raise UsageError(f"--mistake-rate must be between 0 and 1, got {args.mistake_rate}")
+    if args.mistake_rate and args.trajectories is None:
+        raise UsageError("--mistake-rate shapes the trajectories; it needs --trajectories FILE.jsonl")
     names = [n.strip() for n in args.families.split(",") if n.strip()] if args.families else None
     try:
         fams = select_families(names, args.split)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     report = synthesize(args.out, args.n, args.seed, fams, validate=not args.no_validate, jobs=args.jobs,
-                        backend=args.backend, max_attempts=args.max_attempts, trajectories=args.trajectories)
+                        backend=args.backend, max_attempts=args.max_attempts, trajectories=args.trajectories,
+                        mistake_rate=args.mistake_rate)
     for line in summary_lines(report, fams):
         print(line, file=sys.stderr)
     if args.trajectories is not None:

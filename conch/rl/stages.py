@@ -66,7 +66,8 @@ def build_corpus(cfg: Config, run_dir: Path) -> Corpus:
         train, traj_path = root / "train", root / "expert.jsonl"
         log(f"synthesizing {c.n_train} training tasks ({len(train_fams)} families) with expert trajectories")
         rep = synthesize(train, c.n_train, c.seed, train_fams, validate=True, jobs=cfg.run.jobs,
-                         backend=cfg.run.sandbox, trajectories=traj_path, log=lambda m: None)
+                         backend=cfg.run.sandbox, trajectories=traj_path, log=lambda m: None,
+                         mistake_rate=c.mistake_rate)
         for line in summary_lines(rep, train_fams):
             log(line)
     if c.eval_tasks:

@@ -64,6 +64,8 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"ppo.loss_agg = {cfg.ppo.loss_agg!r}; choose one of {', '.join(AGG_MODES)}")
     if cfg.ppo.micro_batch < 1 or cfg.ppo.grad_accum < 1 or cfg.ppo.n_per_task < 1:
         raise ConfigError("ppo.micro_batch, ppo.grad_accum and ppo.n_per_task must be at least 1")
+    if not 0.0 <= cfg.corpus.mistake_rate <= 1.0:
+        raise ConfigError(f"corpus.mistake_rate = {cfg.corpus.mistake_rate}; it is a share, between 0 and 1")
     if not cfg.corpus.train_tasks:
         from conch.tasks.synth import select_families
 

@@ -5,6 +5,10 @@ seed `derive_seed("synth", S, F, i, attempt)`. A slot's task is written, then (u
 through the real harness: the oracle must pass every test and the nop agent must fail at least one. A failing
 task is deleted and the slot retried with the next attempt's seed, at most `max_attempts` times. Everything a
 slot produces depends only on (S, F, i, attempt), so the same seed gives byte-identical folders.
+
+With `trajectories`, each kept task's oracle run becomes an expert demonstration; with `mistake_rate` > 0,
+that share of the tasks whose family defines a `mistake` is demonstrated by a real run of the mistake instead
+(kept only if it passes fewer tests than the oracle), so the expert is imperfect in a known, measured way.
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ class FamilyStats:
     nop_passed: int = 0
     gen_errors: int = 0
     gave_up: int = 0
+    mistakes: int = 0  # demonstrations that show the family's mistake
     reasons: list[str] = field(default_factory=list)
 
     @property
@@ -91,6 +96,7 @@ class SynthReport:
     seconds: float
     validated: bool
     trajectories: int = 0
+    mistakes: int = 0
 
 
 @dataclass(eq=False)
@@ -99,6 +105,7 @@ class _Slot:
     index: int
     attempt: int = 0
     path: Path | None = None
+    seed: int = 0
 
     @property
     def seed_parts(self) -> tuple[str, int, int]:
@@ -154,6 +161,28 @@ async def _validate(paths: list[Path], backend: str, jobs: int, log: Callable[[s
     return list(await asyncio.gather(*(one(p) for p in paths)))
 
 
+def shows_mistake(fam: Family, seed: int, rate: float) -> list[str]:
+    """The mistake a task's demonstration shows (a fixed `rate` share of tasks, by seed), or []."""
+    if rate <= 0:
+        return []
+    import random
+
+    return draft_for(fam, seed).mistake if random.Random(derive_seed("mistake", seed)).random() < rate else []
+
+
+async def _run_mistakes(jobs_: list[tuple], backend: str, jobs: int) -> list:
+    """A real sandbox run of each (task, commands); CheckResults in order."""
+    from conch.harness import run_task
+
+    gate = asyncio.Semaphore(max(1, jobs))
+
+    async def one(task, commands):
+        async with gate:
+            return await run_task(task, commands, backend)
+
+    return list(await asyncio.gather(*(one(t, c) for t, c in jobs_)))
+
+
 def synthesize(
     out: Path,
     n: int,
@@ -165,10 +194,9 @@ def synthesize(
     max_attempts: int = 4,
     trajectories: Path | None = None,
     log: Callable[[str], None] = _eprint,
+    mistake_rate: float = 0.0,
 ) -> SynthReport:
     """Write `n` tasks to `out` (fewer if some slots exhaust `max_attempts`)."""
-    from conch.tasks.synth.trajectories import build_chat
-
     start = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     stats = {f.name: FamilyStats() for f in fams}
@@ -182,7 +210,7 @@ def synthesize(
         written: list[_Slot] = []
         for slot in pending:
             slot.attempt = attempt
-            sd = slot_seed(seed, *slot.seed_parts)
+            sd = slot.seed = slot_seed(seed, *slot.seed_parts)
             try:
                 slot.path = emit(slot.fam, sd, out)
             except Exception as exc:  # a generator bug must not sink the batch; it is counted and retried
@@ -198,16 +226,17 @@ def synthesize(
             continue
         results = asyncio.run(_validate([s.path for s in written], backend, jobs, log))
         failed = set()
+        mistaken: list[tuple] = []
         for slot, (reason, oracle, task) in zip(written, results):
             st = stats[slot.fam.name]
             if reason is None:
                 kept.append(slot)
                 st.kept += 1
                 if trajectories is not None:
-                    steps = [(s.command, s.output, s.exit_code) for s in oracle.steps]
-                    final = task.metadata.get("metadata", {}).get("final_message", "The task is complete.")
-                    chats[slot.path.name] = build_chat(slot.path.name, slot.fam.name, task.instruction, steps, final,
-                                                       slot.fam.split)
+                    chats[slot.path.name] = _chat(slot, task, oracle)
+                    mistake = shows_mistake(slot.fam, slot.seed, mistake_rate)
+                    if mistake:
+                        mistaken.append((slot, task, oracle, mistake))
                 continue
             if reason.startswith("oracle"):
                 st.oracle_failed += 1
@@ -216,6 +245,16 @@ def synthesize(
             st.reasons.append(f"{slot.path.name}: {reason}")
             shutil.rmtree(slot.path, ignore_errors=True)
             failed.add(id(slot))
+        if mistaken:
+            runs = asyncio.run(_run_mistakes([(t, m) for _, t, _, m in mistaken], backend, jobs))
+            for (slot, task, oracle, _), run in zip(mistaken, runs):
+                st = stats[slot.fam.name]
+                if run.error or run.n_total != oracle.n_total or run.n_passed >= oracle.n_passed:
+                    st.reasons.append(f"{slot.path.name}: mistake not demonstrated (passes {run.n_passed}/"
+                                      f"{run.n_total}{': ' + run.error if run.error else ''}); oracle shown")
+                    continue
+                st.mistakes += 1
+                chats[slot.path.name] = _chat(slot, task, run) | {"mistake": f"{run.n_passed}/{run.n_total}"}
         pending = [s for s in pending if id(s) in failed or s not in written]
     for slot in pending:
         stats[slot.fam.name].gave_up += 1
@@ -231,7 +270,17 @@ def synthesize(
                     f.write(json.dumps(chats[slot.path.name]) + "\n")
                     n_traj += 1
     kept_paths = [s.path for s in slots if s in kept and s.path is not None]
-    return SynthReport(out, kept_paths, stats, time.monotonic() - start, validate, n_traj)
+    return SynthReport(out, kept_paths, stats, time.monotonic() - start, validate, n_traj,
+                       sum(st.mistakes for st in stats.values()))
+
+
+def _chat(slot: _Slot, task, run) -> dict:
+    """The demonstration record of one real run (oracle or mistake) of a kept task."""
+    from conch.tasks.synth.trajectories import build_chat
+
+    steps = [(s.command, s.output, s.exit_code) for s in run.steps]
+    final = task.metadata.get("metadata", {}).get("final_message", "The task is complete.")
+    return build_chat(slot.path.name, slot.fam.name, task.instruction, steps, final, slot.fam.split)
 
 
 def summary_lines(report: SynthReport, fams: Sequence[Family]) -> list[str]:
@@ -247,6 +296,9 @@ def summary_lines(report: SynthReport, fams: Sequence[Family]) -> list[str]:
             lines.append(f"  {fam.name}: {reason}")
     lines.append(f"kept {len(report.kept)} task(s) in {report.out} ({report.seconds:.1f}s"
                  f"{', validated' if report.validated else ', not validated'})")
+    if report.mistakes:
+        lines.append(f"{report.mistakes} of {report.trajectories} demonstration(s) show the family's mistake "
+                     f"(a real run that fails some tests)")
     return lines
 
 

@@ -78,6 +78,9 @@ class TaskDraft:
     - `tests`: test function sources (3..8 of them), each independent of the others.
     - `test_prelude`: module-level code after the common header (expected values, fixtures).
     - `solution`: reference shell commands, one per agent turn.
+    - `mistake`: commands of a plausible wrong attempt that passes some tests but not all (e.g. an off-by-one).
+      Never written to the task folder; `synthesize(mistake_rate=...)` records it, run for real, as the
+      demonstration of that share of tasks: an imperfect expert, as real ones are.
     """
 
     instruction: str
@@ -95,6 +98,7 @@ class TaskDraft:
     verifier_timeout_sec: float = 120.0
     memory_mb: int = 1024
     final_message: str = "The task is complete."
+    mistake: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,7 @@ def make_dirs(rng: random.Random) -> TaskDraft:
     tests = [f"def test_folder_{i}():\n    assert os.path.isdir('/app/{base}/{i}')\n" for i in range(1, 4)]
     tests.append(f"def test_no_other_folders():\n    assert sorted(os.listdir('/app/{base}')) == ['1', '2', '3']\n")
     return TaskDraft(instruction=instruction, tests=tests, solution=[f"mkdir -p /app/{base}/{{1..3}}"],
+                     mistake=[f"mkdir -p /app/{base}/{{0..3}}"],  # off by one: an extra folder 0
                      files={"README": "scratch space\n"}, final_message=FINAL, tags=("starter", "mkdir"))
 
 
@@ -93,6 +94,7 @@ def count_lines(rng: random.Random) -> TaskDraft:
         f"def test_count_value():\n    assert int(read('/app/count.txt').strip()) == {n}\n",
     ]
     return TaskDraft(instruction=instruction, tests=tests, solution=[f"cat /app/{d}/* | wc -l > /app/count.txt"],
+                     mistake=[f"cat /app/{d}/* | wc -w > /app/count.txt"],  # words, not lines
                      files={f"{d}/{name}.txt": "".join(_junk(rng, n))}, final_message=FINAL, tags=("starter", "wc"))
 
 
@@ -113,6 +115,7 @@ def count_files(rng: random.Random) -> TaskDraft:
         f"def test_total_value():\n    assert int(read('/app/total.txt').strip()) == {n}\n",
     ]
     return TaskDraft(instruction=instruction, tests=tests, solution=[f"ls /app/{d} | wc -l > /app/total.txt"],
+                     mistake=[f"ls -a /app/{d} | wc -l > /app/total.txt"],  # counts . and .. too
                      files={f"{d}/{x}.dat": pick(rng, _junk(rng, 3)) for x in names}, final_message=FINAL,
                      tags=("starter", "ls"))
 
@@ -145,6 +148,7 @@ def copy_files(rng: random.Random) -> TaskDraft:
     tests.append("def test_nothing_else_copied():\n    assert sorted(os.listdir('/app/out')) == sorted(EXPECTED)\n")
     return TaskDraft(instruction=instruction, tests=tests, test_prelude=prelude,
                      solution=[f"mkdir -p /app/out && cp /app/{d}/*.txt /app/out/"],
+                     mistake=[f"mkdir -p /app/out && cp /app/{d}/* /app/out/"],  # copies every file
                      files=files, final_message=FINAL, tags=("starter", "cp"))
 
 
@@ -161,7 +165,7 @@ def remove_files(rng: random.Random) -> TaskDraft:
                              "Only the .tmp files of /app/{d} should be deleted."], d=d)
     tests = [f"def test_removed_{i}():\n    assert not os.path.exists('/app/{d}/{n}')\n" for i, n in enumerate(doomed)]
     tests.append(f"def test_others_kept():\n    assert sorted(os.listdir('/app/{d}')) == {sorted(kept)!r}\n")
-    return TaskDraft(instruction=instruction, tests=tests, solution=[f"rm -f /app/{d}/*.tmp"],
+    return TaskDraft(instruction=instruction, tests=tests, solution=[f"rm -f /app/{d}/*.tmp"], mistake=[f"rm -f /app/{d}/*"],  # deletes every file
                      files=files, final_message=FINAL, tags=("starter", "rm"))
 
 

@@ -238,3 +238,18 @@ def test_aux_model_and_named_optimizers(tmp_path):
         load_checkpoint(path, aux_models={"ref": critic2})
     with pytest.raises(CheckpointError, match=r"no optimizer state saved for \['ema'\]"):
         load_checkpoint(path, optimizer={"ema": opts2["policy"]})
+
+
+def test_publish_model_replaces_the_folder_whole(tmp_path):
+    import torch
+
+    from conch.rl.checkpoint import publish_model
+
+    out = tmp_path / "final"
+    publish_model(torch.nn.Linear(2, 2), None, out)
+    (out / "stale.txt").write_text("from the old model\n")
+    model = torch.nn.Linear(2, 3)
+    publish_model(model, None, out)
+    assert sorted(p.name for p in out.iterdir()) == ["state_dict.pt"]  # nothing of the old folder survives
+    assert torch.load(out / "state_dict.pt")["weight"].shape == (3, 2)
+    assert [p.name for p in tmp_path.iterdir()] == ["final"]  # no temporaries left beside it

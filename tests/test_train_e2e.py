@@ -53,6 +53,7 @@ def test_train_then_resume(tmp_path, home):
     sft = json.loads((run / "sft.done.json").read_text())
     assert sft["steps"] >= 1 and sft["val_curve"]
     assert (run / "warm" / "config.json").exists() and (run / "critic.done.json").exists()
+    assert (run / "final" / "config.json").exists() and (run / "final" / "tokenizer.json").exists()
     corpus = json.loads((run / "corpus.done.json").read_text())
     assert corpus["rl"] == str(run / "corpus" / "rl")  # PPO's pool: tasks without expert trajectories
     rl_tasks = {p.name for p in (run / "corpus" / "rl").iterdir()}

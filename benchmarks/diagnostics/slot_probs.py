@@ -2,7 +2,9 @@
 
 Also prints p(exact command): the probability that one sample of the first tool call is exactly the task's
 solution command. Most passing samples are exactly that command, so it tracks the pass rate at temperature 1
-without sampling noise (a cheap, deterministic comparison of two checkpoints on the same tasks).
+without sampling noise (a cheap, deterministic comparison of two checkpoints on the same tasks). And
+p(mistake): the same for the family's mistake (`TaskDraft.mistake`, what `corpus.mistake_rate` of the
+demonstrations show), regenerated from the task's seed.
 
 For every starter task in TASKS, the task's own solution command is scored under the model with each candidate
 slot value (the folder the instruction names) put in, and the probability of the right one is normalised over
@@ -17,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+import tomllib
 from collections import defaultdict
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conch.agent.rollout import system_prompt
 from conch.agent.tito import ChatCodec
+from conch.tasks.synth import draft_for, load_families
 from conch.tasks.synth.families_basic import DIRS
 from conch.tasks.synth.trajectories import BASH_TOOL
 
@@ -57,6 +61,8 @@ def main(model_dir: str, tasks_dir: str) -> None:
 
     probs: dict[str, list[float]] = defaultdict(list)
     exact: dict[str, list[float]] = defaultdict(list)
+    wrong: dict[str, list[float]] = defaultdict(list)
+    families = load_families()
     for task in sorted(Path(tasks_dir).iterdir()):
         family = task.name.rsplit("-", 1)[0]
         if family not in SLOTS:
@@ -72,11 +78,18 @@ def main(model_dir: str, tasks_dir: str) -> None:
         top = max(s.values())
         probs[family].append(math.exp(s[match.group(1)] - top) / sum(math.exp(v - top) for v in s.values()))
         exact[family].append(math.exp(s[match.group(1)]))
+        seed = tomllib.loads((task / "task.toml").read_text())["metadata"]["seed"]
+        mistake = draft_for(families[family], seed).mistake
+        if mistake:
+            wrong[family].append(math.exp(score(instruction, mistake[-1])))
     for family, ps in sorted(probs.items()):
         print(f"{family:14} p(right slot) mean {sum(ps) / len(ps):.2f}, p(exact command) mean "
-              f"{sum(exact[family]) / len(ps):.2f} over {len(ps)} tasks")
+              f"{sum(exact[family]) / len(ps):.2f}, p(mistake) mean "
+              f"{sum(wrong[family]) / max(len(wrong[family]), 1):.2f} over {len(ps)} tasks")
     allx = [x for xs in exact.values() for x in xs]
-    print(f"{'all':14} p(exact command) mean {sum(allx) / max(len(allx), 1):.3f} over {len(allx)} tasks")
+    allw = [x for xs in wrong.values() for x in xs]
+    print(f"{'all':14} p(exact command) mean {sum(allx) / max(len(allx), 1):.3f}, p(mistake) mean "
+          f"{sum(allw) / max(len(allw), 1):.3f} over {len(allx)} tasks")
 
 
 if __name__ == "__main__":

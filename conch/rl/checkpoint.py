@@ -112,6 +112,21 @@ def atomic_write_text(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
+def publish_model(model: Any, tokenizer: Any, out: Path) -> Path:
+    """Write a loadable model folder (HF format) at `out`, replacing any old one: written beside it, then
+    renamed, so `out` is never a half-written model."""
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    _save_model(model, tokenizer, tmp)
+    old = out.with_name(f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
+    if out.exists():
+        os.rename(out, old)
+    os.rename(tmp, out)
+    _fsync_dir(out.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
 def _files_with_sizes(root: Path) -> dict[str, int]:
     return {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
 

@@ -92,7 +92,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     from conch.engine.hf import HFEngine
     from conch.model.loading import load_policy
     from conch.moe.routing import moe_layer_count
-    from conch.rl.checkpoint import latest_complete, load_checkpoint, save_checkpoint
+    from conch.rl.checkpoint import latest_complete, load_checkpoint, publish_model, save_checkpoint
     from conch.rl.critic import ValueModel
     from conch.rl.losses import LossConfig
     from conch.rl.metrics import MetricsLogger
@@ -145,8 +145,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
             policy = load_policy(warm_dir, dtype=cfg.model.trainer_dtype, with_tokenizer=False).model
         else:
             sft_report = warm_start_sft(cfg, policy, codec, corpus.trajectories, pad_id)
-            policy.save_pretrained(str(warm_dir))
-            tok.save_pretrained(str(warm_dir))
+            publish_model(policy, tok, warm_dir)
             mark_done(run_dir, "sft", sft_report)
         engine.load_weights(policy.state_dict())
         evals["warm"] = await run_eval("warm", eval_tasks, seed=11)
@@ -251,6 +250,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
                 stopped_early = True
                 break
         metrics.close()
+        publish_model(policy, tok, run_dir / "final")  # the trained policy, for `conch eval --model RUNDIR/final`
 
         # ---- final evaluation and summary -----------------------------------------------------------------------
         evals["final"] = await run_eval("final", eval_tasks, seed=11)

@@ -12,12 +12,18 @@ instruction names (drawn from three), so the policy must read the instruction to
 
 Why seven wordings per family: with three, 150 expert trajectories covered the instructions so well that the
 warm start already passed 0.90 of new instances at temperature 1, leaving PPO nothing to learn (+1.8 points).
-With seven (phrasings that put the folder first, last, or mid-sentence) the same 150 demonstrations leave
-wordings seen only a few times, the warm start passes 0.55, and PPO, rolling out on hundreds of further tasks
-that no demonstration covers (`corpus.n_rl`), learns the rest from the verifier (0.55 -> 0.72 in the default
-demo). This is the situation RL is for: demonstrations are scarce, tasks with tests are not. It holds only
-while SFT stops halfway: with other seeds SFT reads the folder fully (warm 0.93) or not at all (0.37) by its
-step budget, and PPO then adds nothing (README, "Not robust across seeds").
+
+Why each family has a `mistake` (a one-token-different command that passes some tests but not all: an
+off-by-one range, `wc -w` for `wc -l`, `ls -a`, a glob without its extension): with a perfect expert, whether
+PPO had anything to add depended on where SFT happened to stop: by its step budget it had learned to read the
+instruction's folder fully (warm 0.93, PPO +0.5), half (+17.1 and +4.8 from two SFT seeds) or not at all
+(-4.6). Real demonstrations come from an imperfect teacher; with `corpus.mistake_rate = 0.5` half of the demo's
+demonstrations show the family's mistake (a real run, kept only if it fails a test the oracle passes). SFT
+imitates the mix, as it must: no instruction says which way the expert would go, so the warm policy makes the
+mistake about half the time whatever it learned about folders, and only the verifier's count (n-1 against n
+tests) can tell PPO which way passes. Unlike a folder the policy cannot read (below), the right choice is
+the same in every task of a family, so PPO can learn it without conditioning on anything. The README has the
+measured runs.
 
 Why the slot is a folder: the tiny model learns to read a folder name from the instruction (with three
 wordings, after SFT on the demo's 150 expert trajectories p(right folder) was 0.94-1.00 in

@@ -70,12 +70,16 @@ class AgentLoopConfig:
 class SFTConfig:
     demos: int = opt(0, "expert trajectories the warm start learns from, balanced over families (0: one per "
                         "training task); PPO's task pool is unaffected")
-    steps: int = opt(240, "optimizer steps of the warm start (cosine-decayed learning rate over this budget)")
+    steps: int = opt(600, "optimizer steps of the warm start at most; it normally ends earlier, at the plateau "
+                          "of its validation loss (see patience and lr_cuts)")
     lr: float = opt(2e-3, "learning rate")
     batch_size: int = opt(8, "trajectories per step")
     val_fraction: float = opt(0.1, "share of expert trajectories held out for the validation-loss curve")
     eval_every: int = opt(20, "steps between validation-loss measurements")
-    patience: int = opt(3, "stop after this many validations without improvement (the plateau)")
+    patience: int = opt(3, "validations without an improvement of the validation loss (by more than 0.001) that "
+                           "make a plateau")
+    lr_cuts: int = opt(2, "plateaus at which the learning rate is cut (x0.3) and training goes on from the best "
+                          "weights; the next plateau ends the warm start, keeping the best weights")
 
 
 @dataclass

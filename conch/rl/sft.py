@@ -5,8 +5,11 @@ ids the rollouts will later hold. Each expert chat is laid out as the TITO loop 
 then per turn the canonical ids of the assistant text plus its end token (mask 1), then the chat-template delta
 of the observation (mask 0) — so SFT, rollouts and PPO share one token layout.
 
-Training stops at the plateau of the validation loss (`patience` evaluations without improvement) or at the
-step budget, and the curve is returned so the run can report it.
+Training runs at a constant learning rate (after a linear warm-up) until the validation loss stops improving for
+`patience` evaluations; at such a plateau it goes back to the best weights and cuts the learning rate, `max_cuts`
+times; the next plateau (or the step budget) ends it. Why not a cosine schedule over a fixed budget: the loss then
+flattens because the learning rate reaches zero, not because the model has learned what the data holds, and where
+that happens depends on the budget; the curve is returned so the run can report it.
 """
 
 from __future__ import annotations
@@ -34,9 +37,39 @@ class SFTReport:
     val_loss: list[tuple[int, float]] = field(default_factory=list)
     best_val: float = math.inf
     stopped: str = "budget"  # "plateau" or "budget"
+    lr_cuts: list[int] = field(default_factory=list)  # steps at which a plateau cut the learning rate
     seconds: float = 0.0
     examples: int = 0
     val_examples: int = 0
+
+
+@dataclass
+class Plateau:
+    """Reduce-on-plateau bookkeeping over a stream of validation losses (pure, so it is unit-tested).
+
+    `observe(v)` answers "best" (keep these weights), "wait", "cut" (go back to the best weights and multiply the
+    learning rate by `lr_cut`) or "stop" (the plateau persisted through `max_cuts` cuts)."""
+
+    patience: int
+    max_cuts: int
+    lr_cut: float = 0.3
+    min_delta: float = 1e-3
+    best: float = math.inf
+    scale: float = 1.0
+    cuts: int = 0
+    bad: int = 0
+
+    def observe(self, v: float) -> str:
+        if v < self.best - self.min_delta:
+            self.best, self.bad = v, 0
+            return "best"
+        self.bad += 1
+        if self.bad < self.patience:
+            return "wait"
+        if self.cuts >= self.max_cuts:
+            return "stop"
+        self.cuts, self.bad, self.scale = self.cuts + 1, 0, self.scale * self.lr_cut
+        return "cut"
 
 
 def build_example(codec: ChatCodec, messages: Sequence[dict], max_tokens: int) -> SFTExample:
@@ -101,6 +134,9 @@ def train_sft(
     val_fraction: float = 0.1,
     eval_every: int = 25,
     patience: int = 4,
+    max_cuts: int = 2,
+    lr_cut: float = 0.3,
+    min_delta: float = 1e-3,
     seed: int = 0,
     log: Any = None,
 ) -> SFTReport:
@@ -118,15 +154,8 @@ def train_sft(
     report = SFTReport(steps=0, examples=len(train), val_examples=len(val))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     warmup = min(20, max(1, steps // 10))
-
-    def lr_factor(s: int) -> float:  # linear warm-up, then cosine decay to 10% at the step budget
-        if s < warmup:
-            return (s + 1) / warmup
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, steps - warmup))))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    plateau = Plateau(patience=patience, max_cuts=max_cuts, lr_cut=lr_cut, min_delta=min_delta)
     best_state = None
-    bad = 0
     t0 = time.monotonic()
     model.train()
 
@@ -138,6 +167,8 @@ def train_sft(
         return sum(losses) / len(losses)
 
     for step in range(1, steps + 1):
+        for group in opt.param_groups:
+            group["lr"] = lr * plateau.scale * min(1.0, step / warmup)
         batch = [train[rng.randrange(len(train))] for _ in range(batch_size)]
         loss = _batch_loss(model, batch, pad_id)
         loss_value = loss.item()
@@ -145,7 +176,6 @@ def train_sft(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
         report.steps = step
         report.train_loss.append((step, loss_value))
         if val and (step % eval_every == 0 or step == steps):
@@ -154,16 +184,19 @@ def train_sft(
             if log is not None:
                 log(step, loss_value, v)
             else:
-                print(f"sft step {step}/{steps}  train {loss_value:.3f}  val {v:.3f}", file=sys.stderr, flush=True)
-            if v < report.best_val - 1e-3:
-                report.best_val = v
+                print(f"sft step {step}/{steps}  lr {lr * plateau.scale:.2e}  train {loss_value:.3f}  val {v:.3f}",
+                      file=sys.stderr, flush=True)
+            action = plateau.observe(v)
+            if action == "best":
                 best_state = copy.deepcopy(model.state_dict())
-                bad = 0
-            else:
-                bad += 1
-                if bad >= patience:
-                    report.stopped = "plateau"
-                    break
+            elif action == "cut":
+                if best_state is not None:
+                    model.load_state_dict(best_state)
+                report.lr_cuts.append(step)
+            elif action == "stop":
+                report.stopped = "plateau"
+                break
+    report.best_val = plateau.best
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()

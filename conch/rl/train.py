@@ -279,9 +279,11 @@ def warm_start_sft(cfg: Config, policy: Any, codec: Any, trajectories: Path | No
     examples = [build_example(codec, c["messages"], cfg.agent.max_context) for c in chats]
     log(f"SFT warm start on {len(examples)} of {available} expert trajectories (budget {cfg.sft.steps} steps)")
     rep = train_sft(policy, examples, pad_id, cfg.sft.steps, cfg.sft.lr, cfg.sft.batch_size, cfg.sft.val_fraction,
-                    cfg.sft.eval_every, cfg.sft.patience, seed=cfg.run.seed)
-    log(f"SFT: {rep.steps} steps, best validation loss {rep.best_val:.3f}, stopped at {rep.stopped}")
+                    cfg.sft.eval_every, cfg.sft.patience, max_cuts=cfg.sft.lr_cuts, seed=cfg.run.seed)
+    log(f"SFT: {rep.steps} steps, best validation loss {rep.best_val:.3f}, stopped at {rep.stopped} "
+        f"(learning rate cut at steps {rep.lr_cuts})")
     return {"steps": rep.steps, "best_val": rep.best_val, "stopped": rep.stopped, "seconds": rep.seconds,
+            "lr_cuts": rep.lr_cuts,
             "val_curve": rep.val_loss, "examples": rep.examples, "val_examples": rep.val_examples}
 
 

@@ -72,7 +72,7 @@ class SFTConfig:
                         "training task); PPO's task pool is unaffected")
     steps: int = opt(600, "optimizer steps of the warm start at most; it normally ends earlier, at the plateau "
                           "of its validation loss (see patience and lr_cuts)")
-    lr: float = opt(4e-3, "peak learning rate (after a linear warm-up of 20 steps)")
+    lr: float = opt(4e-3, "peak learning rate, reached after a linear warm-up of min(20, steps / 10) steps")
     batch_size: int = opt(8, "trajectories per step")
     val_fraction: float = opt(0.1, "share of expert trajectories held out for the validation-loss curve")
     eval_every: int = opt(20, "steps between validation-loss measurements")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from conch.agent.tito import END_OF_TURN, ChatCodec, TokenBuilder
+from conch.rl.plateau import Plateau
 
 
 @dataclass
@@ -41,35 +42,6 @@ class SFTReport:
     seconds: float = 0.0
     examples: int = 0
     val_examples: int = 0
-
-
-@dataclass
-class Plateau:
-    """Reduce-on-plateau bookkeeping over a stream of validation losses (pure, so it is unit-tested).
-
-    `observe(v)` answers "best" (keep these weights), "wait", "cut" (go back to the best weights and multiply the
-    learning rate by `lr_cut`) or "stop" (the plateau persisted through `max_cuts` cuts)."""
-
-    patience: int
-    max_cuts: int
-    lr_cut: float = 0.3
-    min_delta: float = 1e-3
-    best: float = math.inf
-    scale: float = 1.0
-    cuts: int = 0
-    bad: int = 0
-
-    def observe(self, v: float) -> str:
-        if v < self.best - self.min_delta:
-            self.best, self.bad = v, 0
-            return "best"
-        self.bad += 1
-        if self.bad < self.patience:
-            return "wait"
-        if self.cuts >= self.max_cuts:
-            return "stop"
-        self.cuts, self.bad, self.scale = self.cuts + 1, 0, self.scale * self.lr_cut
-        return "cut"
 
 
 def build_example(codec: ChatCodec, messages: Sequence[dict], max_tokens: int) -> SFTExample:

@@ -96,6 +96,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     from conch.rl.critic import ValueModel
     from conch.rl.losses import LossConfig
     from conch.rl.metrics import MetricsLogger
+    from conch.rl.plateau import Plateau
     from conch.rl.rewards import partition, reward_metrics
     from conch.rl.update import ppo_update, prepare
     from conch.tasks.synth.trajectories import BASH_TOOL
@@ -188,7 +189,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
         elif marker(run_dir, "critic"):
             critic.load_state_dict(torch.load(run_dir / "critic.pt", weights_only=True))
         else:
-            best_ev, bad = -float("inf"), 0
+            plateau = Plateau(patience=cfg.critic.patience, max_cuts=0)  # on -EV: lower is better
             curve = []
             for i in range(cfg.critic.iterations):
                 tasks = rng.sample(pool, min(cfg.ppo.tasks_per_iter, len(pool)))
@@ -203,12 +204,8 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
                 ev = stats.get("train/explained_variance", float("nan"))
                 curve.append(ev)
                 log(f"critic warm-up {i + 1}/{cfg.critic.iterations}: explained variance {ev:.3f}")
-                if ev > best_ev + 1e-3:
-                    best_ev, bad = ev, 0
-                else:
-                    bad += 1
-                    if bad >= cfg.critic.patience:
-                        break
+                if plateau.observe(-ev) == "stop":
+                    break
             torch.save(critic.state_dict(), run_dir / "critic.pt")
             mark_done(run_dir, "critic", {"explained_variance": curve})
 

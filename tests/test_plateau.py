@@ -1,6 +1,6 @@
-"""The SFT warm start's reduce-on-plateau rule: when it keeps weights, cuts the learning rate and stops."""
+"""The warm start's patience rule (SFT and critic warm-up): when it keeps weights, cuts the rate, stops."""
 
-from conch.rl.sft import Plateau
+from conch.rl.plateau import Plateau
 
 
 def test_improvements_are_kept_and_reset_patience():
@@ -26,3 +26,8 @@ def test_a_gain_below_min_delta_is_no_improvement():
 def test_improvement_after_a_cut_restarts_patience():
     p = Plateau(patience=2, max_cuts=1)
     assert [p.observe(v) for v in (1.0, 1.0, 1.0, 0.5, 0.6, 0.6)] == ["best", "wait", "cut", "best", "wait", "stop"]
+
+
+def test_critic_use_negated_explained_variance_and_nan_is_no_gain():
+    p = Plateau(patience=2, max_cuts=0)
+    assert [p.observe(-ev) for ev in (0.10, float("nan"), 0.1005)] == ["best", "wait", "stop"]

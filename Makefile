@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 CONCH  := $(BIN)/conch
-APT_PACKAGES := bubblewrap debootstrap e2fsprogs
+APT_PACKAGES := bubblewrap debootstrap e2fsprogs gcc libc6-dev
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
 .PHONY: install system-deps venv base test run clean

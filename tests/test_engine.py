@@ -390,7 +390,10 @@ def test_benches_run(model_dir, capsys):
     cap = out["capture"]
     assert cap["tokens_per_s_capture"] > 0 and cap["tokens_per_s_no_capture"] > 0
     assert cap["pairs"] == 2 and len(cap["overhead_wall_pairs"]) == 2 and cap["steps_per_side"] == 2 * 4
-    assert conch_main(["bench", "horizon", "--json", "--model", str(model_dir), "--turns", "2,4"]) == 0
+    assert conch_main(["bench", "horizon", "--json", "--model", str(model_dir), "--turns", "2,4", "--repeats", "3"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["turns"] == [2, 4] and len(out["seconds_reuse"]) == 2 and len(out["seconds_no_reuse"]) == 2
     assert 0 < out["seconds_reuse"][0] <= out["seconds_reuse"][1]
+    runs = out["seconds_reuse_runs"]
+    assert len(runs) == 3 and out["seconds_reuse"][1] == sorted(r[1] for r in runs)[1]  # the median run
+    assert out["attention"].startswith(("conch native", "torch sdpa"))

@@ -17,6 +17,8 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF checkpoint folder (default: conch's tiny model, cached)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--attention", default="native", choices=("native", "torch"),
+                        help="decode attention on CPU: conch's compiled kernel (where it builds) or torch's SDPA")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +73,8 @@ async def _bench(args: argparse.Namespace) -> dict:
 
     model = resolve_model(args.model)
     sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
-    engine = HFEngine(model, dtype=args.dtype, device=args.device, capture_routing=True, max_batch=max(sizes))
+    engine = HFEngine(model, dtype=args.dtype, device=args.device, capture_routing=True, max_batch=max(sizes),
+                      native_attention=args.attention == "native")
     vocab = engine.model.config.vocab_size
     await timed_batch(engine, 4, args.prompt_tokens, 8, vocab, seed=999)  # warm-up
     rows = []
@@ -86,7 +89,7 @@ async def _bench(args: argparse.Namespace) -> dict:
           f"{capture['pairs']} on/off pairs)", file=sys.stderr)
     return {"model": model, "dtype": args.dtype, "device": args.device, "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "num_experts": engine.num_experts, "moe_layers": engine.num_moe_layers,
-            "decode": rows, "capture": capture}
+            "attention": engine.attention_kernel, "decode": rows, "capture": capture}
 
 
 async def _capture_overhead(engine, args: argparse.Namespace, vocab: int) -> dict:

@@ -12,6 +12,8 @@ Design (measured by `conch bench engine` / `conch bench horizon`):
   `max_step_tokens`). Requests join and leave between steps (continuous batching); at most `max_batch`
   requests share a step.
 - Each session keeps its own growable KV buffer, so a turn costs only its new tokens; closing frees it.
+- On CPU, attention over a session's cache runs in compiled kernels (native.py; `native_attention=False` or a
+  machine without a C compiler/AVX-512 keeps torch's SDPA). Late turns of a long episode are dominated by it.
 - Sampling uses a per-session torch.Generator, so results do not depend on batch composition.
 
 Contract (refines conch/engine/base.py):
@@ -34,6 +36,7 @@ import asyncio
 import collections
 import copy
 import itertools
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -79,11 +82,15 @@ class _Request:
 
 
 class HFEngine:
-    """Async engine over a local HF checkpoint folder or a model object (which is deep-copied)."""
+    """Async engine over a local HF checkpoint folder or a model object (which is deep-copied).
+
+    `native_attention`: use conch's compiled CPU attention kernels where they build (else torch's SDPA);
+    `attention_threads`: threads one kernel call may use on a long cache (default: native.default_threads())."""
 
     def __init__(self, model: str | Path | Any, dtype: str = "float32", capture_routing: bool = True,
                  max_batch: int = 64, max_step_tokens: int = 1024, device: str = "cpu", tokenizer: Any = None,
-                 kv_initial_capacity: int = 256, torch_threads: int | None = None) -> None:
+                 kv_initial_capacity: int = 256, torch_threads: int | None = None,
+                 native_attention: bool = True, attention_threads: int | None = None) -> None:
         from conch.model.loading import load_policy, torch_dtype
         from conch.moe.routing import RoutingCapture, moe_shape
 
@@ -107,6 +114,7 @@ class HFEngine:
         self._capture = RoutingCapture(self.model) if capture_routing and shape.num_layers else None
         self.max_batch, self.max_step_tokens = int(max_batch), int(max_step_tokens)
         self._kv_cap = int(kv_initial_capacity)
+        self._native, self.attention_kernel = self._pick_native(native_attention, attention_threads)
         # Measured on a 2-core VM: the tiny model's decode step in this worker thread took ~35 ms with two
         # intra-op threads vs ~18 ms with one (the main thread was ~17 ms either way), so the worker defaults
         # to one thread on CPU. This sets the worker's own OpenMP thread count only, not the caller's.
@@ -267,6 +275,24 @@ class HFEngine:
                     self._active.remove(req)
                     self._finish(req, None)
 
+    def _pick_native(self, wanted: bool, threads: int | None) -> tuple[Any, str]:
+        """The compiled attention kernels (CPU) and a description of what attention runs on."""
+        if not wanted:
+            return None, "torch sdpa (native_attention off)"
+        from conch.engine.native import default_threads, native_attention, supports
+
+        threads = threads or default_threads()
+        cfg = self.model.config
+        why = supports(cfg.num_attention_heads, self._kv_heads, self._head_dim)
+        kernel = None
+        if not why:
+            kernel, why = native_attention(self.model.dtype, self.device, threads)
+        if kernel is None:
+            if self.device.type == "cpu":
+                print(f"conch engine: attention uses torch's kernels: {why}", file=sys.stderr)
+            return None, f"torch sdpa ({why})"
+        return kernel, f"conch native (CPU decode and chunk, up to {threads} threads on long caches)"
+
     def _step(self, batch: list[_Request]) -> None:
         budget = max(self.max_step_tokens, len(batch))
         decoding = [r for r in batch if len(r.to_feed) == 1]
@@ -302,7 +328,7 @@ class HFEngine:
                 position_ids=torch.tensor([pos], device=self.device),
                 use_cache=False,
                 logits_to_keep=torch.tensor(keep or [0], device=self.device),
-                conch_batch=PackedBatch([seg for _, seg, _ in segs]),
+                conch_batch=PackedBatch.build([seg for _, seg, _ in segs], self._native),
             )
             routed = self._capture.take() if self._capture is not None else None
             if routed is not None:

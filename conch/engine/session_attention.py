@@ -10,14 +10,24 @@ each turn only its new tokens.
 It is registered in transformers' AttentionInterface as "conch_sessions". Because it is not registered as a
 mask function, HF skips building any attention mask; masks are built here, once per step, only for segments
 that need them (chunked prefill behind an existing cache).
+
+On CPU, where the compiled kernels (native.py) are available, the single-token (decoding) segments of a step
+go to one kernel call per layer, which writes their new key/value rows and attends over their caches in one
+pass, and a chunk behind a cache (a turn's observation) goes to a fused chunk kernel; both are measured against
+torch's SDPA in benchmarks/README.md. Sliding windows on chunks, first prefills and other devices use SDPA.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from conch.engine.native import NativeAttention
 
 ATTN_NAME = "conch_sessions"
 
@@ -81,9 +91,24 @@ class Segment:
 
 @dataclass
 class PackedBatch:
-    """Passed through the model's forward kwargs down to `session_attention`."""
+    """Passed through the model's forward kwargs down to `session_attention`.
+
+    With the native kernels, `table` lists the single-token segments for it (see native.SEG_FIELDS) and `rest` the
+    others; without one, `rest` is every segment."""
 
     segments: list[Segment]
+    kernel: "NativeAttention | None" = None
+    table: np.ndarray | None = None
+    rest: list[Segment] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, segments: list[Segment], kernel: "NativeAttention | None" = None) -> "PackedBatch":
+        decoding = [s for s in segments if s.n == 1] if kernel is not None else []
+        if not decoding:
+            return cls(segments, kernel, rest=segments)
+        table = np.array([(s.kv.k.data_ptr(), s.kv.v.data_ptr(), s.kv.capacity, s.start, s.row0) for s in decoding],
+                         dtype=np.int64)
+        return cls(segments, kernel, table, [s for s in segments if s.n != 1])
 
 
 def session_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
@@ -96,7 +121,12 @@ def session_attention(module, query, key, value, attention_mask, scaling=None, d
     out = torch.empty_like(query)
     heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[3]
     groups = heads // kv_heads
-    for seg in conch_batch.segments:
+    segments = conch_batch.segments
+    if conch_batch.table is not None and all(t.stride(3) == 1 for t in (query, key, value, out)):
+        conch_batch.kernel.decode(layer, conch_batch.table, query, key, value, out,
+                                  dim**-0.5 if scaling is None else scaling, sliding_window)
+        segments = conch_batch.rest
+    for seg in segments:
         kv, s, r, n = seg.kv, seg.start, seg.row0, seg.n
         kv.k[layer, :, s : s + n] = key[0, :, r : r + n]
         kv.v[layer, :, s : s + n] = value[0, :, r : r + n]
@@ -106,6 +136,10 @@ def session_attention(module, query, key, value, attention_mask, scaling=None, d
         q = query[:, :, r : r + n]
         if n > 1 and s == 0 and not sliding_window:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=groups > 1)
+        elif n > 1 and not sliding_window and conch_batch.kernel is not None and q.stride(3) == out.stride(3) == 1:
+            conch_batch.kernel.chunk(kv.k[layer], kv.v[layer], s, q[0], out[0, :, r : r + n],
+                                     dim**-0.5 if scaling is None else scaling)
+            continue
         elif n > 1 and not sliding_window and q.device.type == "cpu" and _FLASH_CPU is not None:
             o = _chunk_behind_cache(q, k, v, s, scaling, groups)
         else:

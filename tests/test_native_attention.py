@@ -94,12 +94,13 @@ def test_chunk_kernel_matches_causal_sdpa(dtype, heads, kv_heads, dim, start, n)
 
 @pytest.mark.parametrize("threads", [2, 3])
 def test_kernels_split_long_caches_across_threads(threads):
-    """Above the size where helpers pay (2M multiply-adds per call), decode splits one long cache across threads
-    (split-K, merged by log-sum-exp) or spreads sessions over them, and chunk spreads its query rows."""
+    """Above the size where helpers pay (8M multiply-adds per decode call, 2M per chunk), decode splits one long
+    cache across threads (split-K, merged by log-sum-exp) or spreads sessions over them, and chunk spreads its
+    query rows."""
     torch.manual_seed(2)
     kernel = kernel_or_skip(torch.float32)
     kernel = type(kernel)(native_lib(), torch.float32, threads)
-    for lengths in ([20000], [20000, 5, 3000, 700]):  # one session: split-K; several: sessions spread
+    for lengths in ([70000], [70000, 5, 3000, 700]):  # one session: split-K; several: sessions spread
         sessions = [SessionKV(1, 1, 32, torch.float32, torch.device("cpu"), capacity=8) for _ in lengths]
         for kv, n in zip(sessions, lengths):
             kv.reserve(n + 1)

@@ -232,7 +232,11 @@ static void *decode_items_f32(void *c) { decode_items((const decode_job *)c, 0);
 static void *decode_items_bf16(void *c) { decode_items((const decode_job *)c, 1); return NULL; }
 
 #define MAX_THREADS 16
-#define PARALLEL_WORK (1 << 21) /* multiply-adds below which a helper thread costs more than it saves */
+/* Multiply-adds per call below which helper threads cost more than they save (a helper costs ~35 us to start
+ * and join on the 2-vCPU VM). Decode is memory-bound, so a second thread helps it less: measured there, a 16k-token
+ * cache (2M) decoded no faster with two threads, while a 35-token chunk behind it ran 1.4x faster. */
+#define DECODE_PARALLEL_WORK (1 << 23)
+#define CHUNK_PARALLEL_WORK (1 << 21)
 
 /* Runs items [0, n) of job on up to `threads` threads (helpers started per call and joined: none is left
  * spinning between calls, which on a small VM would take the core from the engine's other work). */
@@ -270,7 +274,7 @@ static inline __attribute__((always_inline)) int run(int nseg, const seg_t *segs
         work += T * kv_heads * G * D;
         shortest = T < shortest ? T : shortest;
     }
-    if (work < PARALLEL_WORK) threads = 1;
+    if (work < DECODE_PARALLEL_WORK) threads = 1;
     const int pairs = nseg * kv_heads;
     int nsplit = threads > pairs ? (threads + pairs - 1) / pairs : 1;
     if (nsplit > 1 && shortest / nsplit < BLK) nsplit = shortest / BLK > 1 ? (int)(shortest / BLK) : 1;
@@ -457,7 +461,7 @@ static inline __attribute__((always_inline)) int chunk(const void *q, int64_t q_
             job.l[h * R + r] = 0.f;
         }
     memset(job.acc, 0, sizeof(float) * rows * D);
-    if ((int64_t)rows * (s + n) * D < PARALLEL_WORK) threads = 1;
+    if ((int64_t)rows * (s + n) * D < CHUNK_PARALLEL_WORK) threads = 1;
     chunk_job jobs[MAX_THREADS];
     for (int w = 0; w < MAX_THREADS; w++) jobs[w] = job;
     run_split(bf16 ? chunk_tiles_bf16 : chunk_tiles_f32, jobs, sizeof(chunk_job), offsetof(chunk_job, lo),

@@ -51,7 +51,7 @@ if [ "$TARGET" = cpu ]; then
   bench train 600 "${DEV[@]}"
 else
   bench engine 120 "${DEV[@]}" --dtype bfloat16
-  bench horizon 90 "${DEV[@]}" --dtype bfloat16
+  bench horizon 90 "${DEV[@]}" --dtype bfloat16 --repeats 1 --no-reuse-budget 20
   bench train 150 "${DEV[@]}" --lengths 1024,4096,8192,16384,32768
 fi
 if [ $sandboxes = 1 ]; then

@@ -125,12 +125,42 @@ static inline __attribute__((always_inline)) float softmax_block(float *s, int v
     return corr;
 }
 
+#define RT 4
+
+/* acc rows [nr][NE x 16] (row stride D) = acc * corr + sum_j p[t][j] v_j, v rows D elements apart. */
+static inline __attribute__((always_inline)) void pv_tile(float *acc, int D, const float *p, const char *v, int nb,
+                                                          int nr, const float *corr, const int NE, const int bf16) {
+    const int es = bf16 ? 2 : 4;
+    __m512 o[RT][4];
+#pragma GCC unroll 4
+    for (int t = 0; t < RT; t++)
+#pragma GCC unroll 4
+        for (int c = 0; c < NE; c++)
+            o[t][c] = t < nr ? _mm512_mul_ps(_mm512_set1_ps(corr[t]), _mm512_loadu_ps(acc + (int64_t)t * D + c * 16))
+                             : _mm512_setzero_ps();
+    for (int j = 0; j < nb; j++) {
+        const char *vr = v + (int64_t)j * D * es;
+        __m512 x[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < NE; c++) x[c] = load16(vr + c * 16 * es, bf16);
+#pragma GCC unroll 4
+        for (int t = 0; t < RT; t++) {
+            const __m512 pb = _mm512_set1_ps(p[t * BLK + j]);
+#pragma GCC unroll 4
+            for (int c = 0; c < NE; c++) o[t][c] = _mm512_fmadd_ps(pb, x[c], o[t][c]);
+        }
+    }
+    for (int t = 0; t < nr; t++)
+        for (int c = 0; c < NE; c++) _mm512_storeu_ps(acc + (int64_t)t * D + c * 16, o[t][c]);
+}
+
 /* G pre-scaled query rows q [G][D] over T keys/values (rows D elements apart): acc [G][D] = sum_j p_j v_j,
  * l [G] = sum_j p_j with p_j = exp(q.k_j - m) and m [G] = max_j q.k_j. */
 static inline __attribute__((always_inline)) void attend(const float *q, const char *k, const char *v, int64_t T,
                                                          int G, int D, float *acc, float *l, float *m, const int bf16) {
-    const int es = bf16 ? 2 : 4, per = D / 16, slots = G * per;
+    const int es = bf16 ? 2 : 4, per = D / 16;
     float sc[MAXG * BLK] __attribute__((aligned(64)));
+    memset(sc + G * BLK, 0, sizeof(float) * BLK * ((G + RT - 1) / RT * RT - G)); /* rows a last tile reads past G */
     for (int g = 0; g < G; g++) {
         m[g] = -FLT_MAX; /* no infinities: built with -ffast-math */
         l[g] = 0.f;
@@ -156,38 +186,22 @@ static inline __attribute__((always_inline)) void attend(const float *q, const c
                 _mm512_store_ps(sc + g * BLK + j1, reduce16(d));
             }
         }
-        /* online softmax: rescale what was accumulated by exp(old max - new max) */
-        for (int g = 0; g < G; g++) {
-            const float corr = softmax_block(sc + g * BLK, nb, nb, m + g, l + g);
-            for (int e = 0; e < D; e++) acc[g * D + e] *= corr;
-        }
-        /* P.V with up to 8 accumulator registers (query row g, 16 dims at e) per pass over the block */
-        for (int s0 = 0; s0 < slots; s0 += 8) {
-            const int ns = slots - s0 < 8 ? slots - s0 : 8;
-            __m512 a[8];
-            int gs[8], es_[8];
-#pragma GCC unroll 8
-            for (int t = 0; t < 8; t++) {
-                const int sl = s0 + (t < ns ? t : 0);
-                gs[t] = sl / per;
-                es_[t] = (sl % per) * 16;
-                a[t] = _mm512_loadu_ps(acc + gs[t] * D + es_[t]);
-            }
-            if (ns == 8) {
-                for (int j = 0; j < nb; j++) {
-                    const char *vr = vb + (int64_t)j * D * es;
-#pragma GCC unroll 8
-                    for (int t = 0; t < 8; t++)
-                        a[t] = _mm512_fmadd_ps(_mm512_set1_ps(sc[gs[t] * BLK + j]), load16(vr + es_[t] * es, bf16), a[t]);
-                }
-            } else {
-                for (int j = 0; j < nb; j++) {
-                    const char *vr = vb + (int64_t)j * D * es;
-                    for (int t = 0; t < ns; t++)
-                        a[t] = _mm512_fmadd_ps(_mm512_set1_ps(sc[gs[t] * BLK + j]), load16(vr + es_[t] * es, bf16), a[t]);
+        /* online softmax, then acc = acc * exp(old max - new max) + P.V, RT rows x up to 64 dims per pass */
+        float corr[MAXG];
+        for (int g = 0; g < G; g++) corr[g] = softmax_block(sc + g * BLK, nb, nb, m + g, l + g);
+        for (int g0 = 0; g0 < G; g0 += RT) {
+            const int nr = G - g0 < RT ? G - g0 : RT;
+            for (int e0 = 0; e0 < per; e0 += 4) {
+                float *ar = acc + g0 * D + e0 * 16;
+                const float *pr = sc + g0 * BLK, *cr = corr + g0;
+                const char *ve = vb + e0 * 16 * es;
+                switch (per - e0 < 4 ? per - e0 : 4) {
+                case 4: pv_tile(ar, D, pr, ve, nb, nr, cr, 4, bf16); break;
+                case 3: pv_tile(ar, D, pr, ve, nb, nr, cr, 3, bf16); break;
+                case 2: pv_tile(ar, D, pr, ve, nb, nr, cr, 2, bf16); break;
+                default: pv_tile(ar, D, pr, ve, nb, nr, cr, 1, bf16);
                 }
             }
-            for (int t = 0; t < ns; t++) _mm512_storeu_ps(acc + gs[t] * D + es_[t], a[t]);
         }
     }
 }
@@ -328,35 +342,6 @@ static inline __attribute__((always_inline)) int run(int nseg, const seg_t *segs
 /* ---- a chunk of n new tokens behind s cached ones (the observation of a turn) ----
  * Every query row meets up to s+n keys: compute-bound, so keys are taken 64 at a time, transposed once into
  * Kt [D][64] and shared by all rows, and each tile of 4 query rows runs on vertical FMAs (no horizontal sums). */
-#define RT 4
-
-/* acc rows [nr][NE x 16] (row stride D) = acc * corr + sum_j p[t][j] v_j, v rows D elements apart. */
-static inline __attribute__((always_inline)) void pv_tile(float *acc, int D, const float *p, const char *v, int nb,
-                                                          int nr, const float *corr, const int NE, const int bf16) {
-    const int es = bf16 ? 2 : 4;
-    __m512 o[RT][4];
-#pragma GCC unroll 4
-    for (int t = 0; t < RT; t++)
-#pragma GCC unroll 4
-        for (int c = 0; c < NE; c++)
-            o[t][c] = t < nr ? _mm512_mul_ps(_mm512_set1_ps(corr[t]), _mm512_loadu_ps(acc + (int64_t)t * D + c * 16))
-                             : _mm512_setzero_ps();
-    for (int j = 0; j < nb; j++) {
-        const char *vr = v + (int64_t)j * D * es;
-        __m512 x[4];
-#pragma GCC unroll 4
-        for (int c = 0; c < NE; c++) x[c] = load16(vr + c * 16 * es, bf16);
-#pragma GCC unroll 4
-        for (int t = 0; t < RT; t++) {
-            const __m512 pb = _mm512_set1_ps(p[t * BLK + j]);
-#pragma GCC unroll 4
-            for (int c = 0; c < NE; c++) o[t][c] = _mm512_fmadd_ps(pb, x[c], o[t][c]);
-        }
-    }
-    for (int t = 0; t < nr; t++)
-        for (int c = 0; c < NE; c++) _mm512_storeu_ps(acc + (int64_t)t * D + c * 16, o[t][c]);
-}
-
 typedef struct {
     const char *k, *v;                        /* layer buffers for KV head 0: [kv_heads][cap][D] */
     int64_t cap, s;

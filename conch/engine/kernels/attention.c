@@ -154,11 +154,27 @@ static inline __attribute__((always_inline)) void pv_tile(float *acc, int D, con
         for (int c = 0; c < NE; c++) _mm512_storeu_ps(acc + (int64_t)t * D + c * 16, o[t][c]);
 }
 
+/* pv_tile over all D dims of nr <= RT rows, 64 dims (4 registers per row) per pass. */
+static inline __attribute__((always_inline)) void pv_rows(float *acc, int D, const float *p, const char *v, int nb,
+                                                          int nr, const float *corr, const int bf16) {
+    const int es = bf16 ? 2 : 4, per = D / 16;
+    for (int e0 = 0; e0 < per; e0 += 4) {
+        float *ar = acc + e0 * 16;
+        const char *ve = v + e0 * 16 * es;
+        switch (per - e0 < 4 ? per - e0 : 4) {
+        case 4: pv_tile(ar, D, p, ve, nb, nr, corr, 4, bf16); break;
+        case 3: pv_tile(ar, D, p, ve, nb, nr, corr, 3, bf16); break;
+        case 2: pv_tile(ar, D, p, ve, nb, nr, corr, 2, bf16); break;
+        default: pv_tile(ar, D, p, ve, nb, nr, corr, 1, bf16);
+        }
+    }
+}
+
 /* G pre-scaled query rows q [G][D] over T keys/values (rows D elements apart): acc [G][D] = sum_j p_j v_j,
  * l [G] = sum_j p_j with p_j = exp(q.k_j - m) and m [G] = max_j q.k_j. */
 static inline __attribute__((always_inline)) void attend(const float *q, const char *k, const char *v, int64_t T,
                                                          int G, int D, float *acc, float *l, float *m, const int bf16) {
-    const int es = bf16 ? 2 : 4, per = D / 16;
+    const int es = bf16 ? 2 : 4;
     float sc[MAXG * BLK] __attribute__((aligned(64)));
     memset(sc + G * BLK, 0, sizeof(float) * BLK * ((G + RT - 1) / RT * RT - G)); /* rows a last tile reads past G */
     for (int g = 0; g < G; g++) {
@@ -189,20 +205,8 @@ static inline __attribute__((always_inline)) void attend(const float *q, const c
         /* online softmax, then acc = acc * exp(old max - new max) + P.V, RT rows x up to 64 dims per pass */
         float corr[MAXG];
         for (int g = 0; g < G; g++) corr[g] = softmax_block(sc + g * BLK, nb, nb, m + g, l + g);
-        for (int g0 = 0; g0 < G; g0 += RT) {
-            const int nr = G - g0 < RT ? G - g0 : RT;
-            for (int e0 = 0; e0 < per; e0 += 4) {
-                float *ar = acc + g0 * D + e0 * 16;
-                const float *pr = sc + g0 * BLK, *cr = corr + g0;
-                const char *ve = vb + e0 * 16 * es;
-                switch (per - e0 < 4 ? per - e0 : 4) {
-                case 4: pv_tile(ar, D, pr, ve, nb, nr, cr, 4, bf16); break;
-                case 3: pv_tile(ar, D, pr, ve, nb, nr, cr, 3, bf16); break;
-                case 2: pv_tile(ar, D, pr, ve, nb, nr, cr, 2, bf16); break;
-                default: pv_tile(ar, D, pr, ve, nb, nr, cr, 1, bf16);
-                }
-            }
-        }
+        for (int g0 = 0; g0 < G; g0 += RT)
+            pv_rows(acc + g0 * D, D, sc + g0 * BLK, vb, nb, G - g0 < RT ? G - g0 : RT, corr + g0, bf16);
     }
 }
 
@@ -352,7 +356,7 @@ typedef struct {
 
 /* Tiles [lo, hi) of RT rows: scores, causal limit, online softmax and P.V over every key block they see. */
 static inline __attribute__((always_inline)) void chunk_tiles(const chunk_job *c, const int bf16) {
-    const int es = bf16 ? 2 : 4, per = c->D / 16, D = c->D, G = c->G, R = c->R;
+    const int es = bf16 ? 2 : 4, D = c->D, G = c->G, R = c->R;
     const int per_head = (R + RT - 1) / RT;
     const int64_t T = c->s + c->n;
     float kt[MAXD * BLK] __attribute__((aligned(64)));
@@ -409,16 +413,7 @@ static inline __attribute__((always_inline)) void chunk_tiles(const chunk_job *c
                     for (int j = 0; j < nb; j++) sc[t * BLK + j] = 0.f;
                 }
                 /* acc[rows] = acc * corr + P.V, up to 4 x 16 dims of RT rows in registers per pass */
-                for (int e0 = 0; e0 < per; e0 += 4) {
-                    float *ar = acc + (int64_t)r0 * D + e0 * 16;
-                    const char *ve = vb + e0 * 16 * es;
-                    switch (per - e0 < 4 ? per - e0 : 4) {
-                    case 4: pv_tile(ar, D, sc, ve, nb, nr, corr, 4, bf16); break;
-                    case 3: pv_tile(ar, D, sc, ve, nb, nr, corr, 3, bf16); break;
-                    case 2: pv_tile(ar, D, sc, ve, nb, nr, corr, 2, bf16); break;
-                    default: pv_tile(ar, D, sc, ve, nb, nr, corr, 1, bf16);
-                    }
-                }
+                pv_rows(acc + (int64_t)r0 * D, D, sc, vb, nb, nr, corr, bf16);
             }
         }
     }

@@ -12,21 +12,17 @@ import torch.nn.functional as F
 
 from conch.engine.base import SamplingParams
 from conch.engine.hf import HFEngine
-from conch.engine.native import _library, native_attention, supports
+from conch.engine.native import native_attention, supports
 from conch.engine.session_attention import PackedBatch, Segment, SessionKV
 
 
-def kernel_or_skip(dtype: torch.dtype):
-    kernel, why = native_attention(dtype, torch.device("cpu"))
+def kernel_or_skip(dtype: torch.dtype, threads: int = 1):
+    kernel, why = native_attention(dtype, torch.device("cpu"), threads)
     if kernel is None:
         if os.environ.get("CI"):  # CI runs on a machine with a compiler and AVX-512: a missing kernel is a bug
             pytest.fail(f"attention kernels unavailable: {why}")
         pytest.skip(f"attention kernels unavailable: {why}")
     return kernel
-
-
-def native_lib():
-    return _library()[0]
 
 
 def sdpa_reference(q, k, v, scale):
@@ -98,8 +94,7 @@ def test_kernels_split_long_caches_across_threads(threads):
     cache across threads (split-K, merged by log-sum-exp) or spreads sessions over them, and chunk spreads its
     query rows."""
     torch.manual_seed(2)
-    kernel = kernel_or_skip(torch.float32)
-    kernel = type(kernel)(native_lib(), torch.float32, threads)
+    kernel = kernel_or_skip(torch.float32, threads)
     for lengths in ([70000], [70000, 5, 3000, 700]):  # one session: split-K; several: sessions spread
         sessions = [SessionKV(1, 1, 32, torch.float32, torch.device("cpu"), capacity=8) for _ in lengths]
         for kv, n in zip(sessions, lengths):

@@ -18,7 +18,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--attention", default="native", choices=("native", "torch"),
-                        help="decode attention on CPU: conch's compiled kernel (where it builds) or torch's SDPA")
+                        help="attention on CPU: conch's compiled kernels (where they build) or torch's SDPA")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

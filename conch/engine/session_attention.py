@@ -121,10 +121,10 @@ def session_attention(module, query, key, value, attention_mask, scaling=None, d
     out = torch.empty_like(query)
     heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[3]
     groups = heads // kv_heads
+    scale = dim**-0.5 if scaling is None else scaling
     segments = conch_batch.segments
     if conch_batch.table is not None and all(t.stride(3) == 1 for t in (query, key, value, out)):
-        conch_batch.kernel.decode(layer, conch_batch.table, query, key, value, out,
-                                  dim**-0.5 if scaling is None else scaling, sliding_window)
+        conch_batch.kernel.decode(layer, conch_batch.table, query, key, value, out, scale, sliding_window)
         segments = conch_batch.rest
     for seg in segments:
         kv, s, r, n = seg.kv, seg.start, seg.row0, seg.n
@@ -137,8 +137,7 @@ def session_attention(module, query, key, value, attention_mask, scaling=None, d
         if n > 1 and s == 0 and not sliding_window:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=groups > 1)
         elif n > 1 and not sliding_window and conch_batch.kernel is not None and q.stride(3) == out.stride(3) == 1:
-            conch_batch.kernel.chunk(kv.k[layer], kv.v[layer], s, q[0], out[0, :, r : r + n],
-                                     dim**-0.5 if scaling is None else scaling)
+            conch_batch.kernel.chunk(kv.k[layer], kv.v[layer], s, q[0], out[0, :, r : r + n], scale)
             continue
         elif n > 1 and not sliding_window and q.device.type == "cpu" and _FLASH_CPU is not None:
             o = _chunk_behind_cache(q, k, v, s, scaling, groups)

@@ -90,9 +90,9 @@ def test_chunk_kernel_matches_causal_sdpa(dtype, heads, kv_heads, dim, start, n)
 
 @pytest.mark.parametrize("threads", [2, 3])
 def test_kernels_split_long_caches_across_threads(threads):
-    """Above the size where helpers pay (8M multiply-adds per decode call, 2M per chunk), decode splits one long
-    cache across threads (split-K, merged by log-sum-exp) or spreads sessions over them, and chunk spreads its
-    query rows."""
+    """From 1M multiply-adds per call the kernels cut long caches into pieces (split-K, merged by log-sum-exp) that
+    the calling thread and helper threads claim: several sessions of very different lengths (most pieces of a short
+    one are empty), and a chunk whose later pieces some of its rows never see."""
     torch.manual_seed(2)
     kernel = kernel_or_skip(torch.float32, threads)
     for lengths in ([70000], [70000, 5, 3000, 700]):  # one session: split-K; several: sessions spread
@@ -107,15 +107,45 @@ def test_kernels_split_long_caches_across_threads(threads):
         for i, (kv, n) in enumerate(zip(sessions, lengths)):
             ref = sdpa_reference(q[0, :, i], kv.k[0, :, : n + 1], kv.v[0, :, : n + 1], 0.18)
             assert torch.allclose(out[0, :, i], ref, atol=2e-6), (lengths, i)
-    start, n = 16000, 30
-    k = torch.randn(1, start + n, 32) * 2
-    v = torch.randn(1, start + n, 32)
-    q = torch.randn(4, n, 32)
-    out = torch.empty_like(q)
-    kernel.chunk(k, v, start, q, out, 0.18)
+    for start, n in ((16000, 30), (300, 2700)):  # the second: rows near the start see only the first pieces
+        k = torch.randn(1, start + n, 32) * 2
+        v = torch.randn(1, start + n, 32)
+        q = torch.randn(4, n, 32)
+        out = torch.empty_like(q)
+        kernel.chunk(k, v, start, q, out, 0.18)
+        mask = torch.arange(start + n)[None, :] <= torch.arange(start, start + n)[:, None]
+        ref = F.scaled_dot_product_attention(q, k.expand(4, -1, -1), v.expand(4, -1, -1), attn_mask=mask, scale=0.18)
+        assert torch.allclose(out, ref, atol=2e-6), (start, n)
+
+
+def test_kernel_calls_from_several_threads_at_once():
+    """Two engines in one process call the kernels concurrently (ctypes drops the GIL): one call holds the helper
+    pool, the other runs alone; both must be right."""
+    import threading
+
+    kernel = kernel_or_skip(torch.float32, 2)
+    torch.manual_seed(4)
+    start, n = 12000, 20
+    k, v = torch.randn(1, start + n, 32) * 2, torch.randn(1, start + n, 32)
     mask = torch.arange(start + n)[None, :] <= torch.arange(start, start + n)[:, None]
-    ref = F.scaled_dot_product_attention(q, k.expand(4, -1, -1), v.expand(4, -1, -1), attn_mask=mask, scale=0.18)
-    assert torch.allclose(out, ref, atol=2e-6)
+    qs = [torch.randn(4, n, 32) for _ in range(2)]
+    refs = [F.scaled_dot_product_attention(q, k.expand(4, -1, -1), v.expand(4, -1, -1), attn_mask=mask, scale=0.2)
+            for q in qs]
+    errors: list[str] = []
+
+    def worker(i: int) -> None:
+        out = torch.empty_like(qs[i])
+        for rep in range(30):
+            kernel.chunk(k, v, start, qs[i], out, 0.2)
+            if not torch.allclose(out, refs[i], atol=2e-6):
+                errors.append(f"thread {i} call {rep}: off by {(out - refs[i]).abs().max():.2e}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
 
 
 def test_kernel_sliding_window():

@@ -44,7 +44,8 @@ def _build(compiler: str) -> Path:
     from conch.model.init import conch_home
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS), platform.machine(),
+    sources = [p.read_text() for p in sorted(SOURCE.parent.glob("*.[ch]"))]  # the kernel and the headers it includes
+    key = hashlib.sha256("\0".join([*sources, compiler, version, " ".join(FLAGS), platform.machine(),
                                     _cpu_id()]).encode()).hexdigest()[:16]
     target = conch_home() / "kernels" / f"{SOURCE.stem}-{key}.so"
     if target.exists():
@@ -94,12 +95,11 @@ class NativeAttention:
         self._decode.argtypes = [i32, ptr, i32, ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, i64, i64,
                                  i32, i32, i32, i64, f32, i32]
         self._chunk = getattr(lib, f"conch_chunk_attention_{self._SUFFIX[dtype]}")
-        self._chunk.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i32, ptr, i64, i64, i32, i32, i32, f32, ptr, i32]
+        self._chunk.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i32, ptr, i64, i64, i32, i32, i32, f32, i32]
         for fn in (self._decode, self._chunk):
             fn.restype = i32
         self.dtype = dtype
-        self.threads = max(1, int(threads))  # per call, for long caches only (helpers are started and joined)
-        self._work = torch.empty(0)
+        self.threads = max(1, int(threads))  # per call, on long caches only (kernels/pool.h)
 
     def decode(self, layer: int, table: np.ndarray, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                out: torch.Tensor, scale: float, window: int | None) -> None:
@@ -119,12 +119,9 @@ class NativeAttention:
         [H, n, D] views (last dim contiguous) of the chunk's rows."""
         heads, n, dim = query.shape
         kv_heads = k.shape[0]
-        need = (2 * dim + 2) * heads * n
-        if self._work.numel() < need:
-            self._work = torch.empty(need)
         rc = self._chunk(query.data_ptr(), query.stride(0), query.stride(1), k.data_ptr(), v.data_ptr(), k.shape[1],
                          start, n, out.data_ptr(), out.stride(0), out.stride(1), kv_heads, heads // kv_heads, dim,
-                         float(scale), self._work.data_ptr(), self.threads)
+                         float(scale), self.threads)
         _check(rc, "chunk", heads, kv_heads, dim)
 
 
@@ -136,7 +133,8 @@ def _check(rc: int, which: str, heads: int, kv_heads: int, dim: int) -> None:
 
 def default_threads() -> int:
     """Threads a kernel call may use on a long cache: the cores this process may run on, at most 4 (measured on a
-    2-vCPU VM: 2 threads cut a 16k-token chunk's attention ~1.4x; more is untested)."""
+    2-vCPU VM at 16k tokens: 2 threads cut a 35-token chunk's attention 1.85x and a decode step's 1.5-1.8x; more is
+    untested)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

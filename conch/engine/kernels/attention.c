@@ -8,7 +8,8 @@
  * - decode: K and V are read once, block by block, with an online softmax (float32 accumulation); the call also
  *   writes the step's new key/value rows into the caches, so one call per layer serves every decoding session.
  * - chunk: keys are transposed 64 at a time and shared by all query rows; tiles of 4 rows run on vertical FMAs.
- * - both split a long cache across a few threads (started and joined per call, none left spinning).
+ * - both cut a long cache into key pieces (split-K, merged by log-sum-exp) that the calling thread and the
+ *   helper threads of pool.h claim one at a time.
  *
  * Built at run time by conch/engine/native.py with the machine's C compiler (-O3 -march=native -ffast-math);
  * needs AVX-512F, otherwise it fails to build and the engine keeps torch's kernels.
@@ -24,6 +25,8 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "pool.h"
 
 #define BLK 64   /* keys per block: the block's scores stay in L1 */
 #define MAXG 64  /* query heads per KV head */
@@ -210,72 +213,50 @@ static inline __attribute__((always_inline)) void attend(const float *q, const c
     }
 }
 
-/* Decoding sessions x KV heads x key splits ("items"): a long cache is split across threads (split-K), each
- * split gives a partial (m, l, acc) and the splits are merged afterwards, as in flash-decoding. */
+/* Decoding sessions x KV heads x key splits ("items"): a long cache is split into pieces (split-K) that the
+ * pool's threads claim, each piece gives a partial (m, l, acc) and the pieces are merged afterwards, as in
+ * flash-decoding. */
 typedef struct {
     const seg_t *segs;
     int layer, kv_heads, G, D, nsplit;
     int64_t window;
     const float *qs; /* [sessions][kv_heads][G][D], pre-scaled */
     float *part;     /* per item: m [G], l [G], acc [G][D] */
-    int lo, hi;      /* this worker's items */
 } decode_job;
 
 static inline int64_t window_start(const seg_t *sg, int64_t window) {
     return window > 0 && sg->pos + 1 > window ? sg->pos + 1 - window : 0;
 }
 
-static inline __attribute__((always_inline)) void decode_items(const decode_job *c, const int bf16) {
+static inline __attribute__((always_inline)) void decode_item(const decode_job *c, int it, const int bf16) {
     const int es = bf16 ? 2 : 4, G = c->G, D = c->D, stride = 2 * G + G * D;
-    for (int it = c->lo; it < c->hi; it++) {
-        const int i = it / (c->kv_heads * c->nsplit), h = (it / c->nsplit) % c->kv_heads, sp = it % c->nsplit;
-        const seg_t *sg = c->segs + i;
-        const int64_t lo = window_start(sg, c->window), T = sg->pos + 1 - lo;
-        const int64_t a = lo + T * sp / c->nsplit, b = lo + T * (sp + 1) / c->nsplit;
-        const int64_t base = ((int64_t)c->layer * c->kv_heads + h) * sg->cap * D;
-        float *m = c->part + (int64_t)it * stride, *l = m + G, *acc = l + G;
-        if (b > a)
-            attend(c->qs + ((int64_t)i * c->kv_heads + h) * G * D, (const char *)(intptr_t)sg->k + (base + a * D) * es,
-                   (const char *)(intptr_t)sg->v + (base + a * D) * es, b - a, G, D, acc, l, m, bf16);
-        else
-            for (int g = 0; g < G; g++) {
-                m[g] = -FLT_MAX;
-                l[g] = 0.f;
-                memset(acc + g * D, 0, sizeof(float) * D);
-            }
-    }
+    const int i = it / (c->kv_heads * c->nsplit), h = (it / c->nsplit) % c->kv_heads, sp = it % c->nsplit;
+    const seg_t *sg = c->segs + i;
+    const int64_t lo = window_start(sg, c->window), T = sg->pos + 1 - lo;
+    const int64_t a = lo + T * sp / c->nsplit, b = lo + T * (sp + 1) / c->nsplit;
+    const int64_t base = ((int64_t)c->layer * c->kv_heads + h) * sg->cap * D;
+    float *m = c->part + (int64_t)it * stride, *l = m + G, *acc = l + G;
+    if (b > a)
+        attend(c->qs + ((int64_t)i * c->kv_heads + h) * G * D, (const char *)(intptr_t)sg->k + (base + a * D) * es,
+               (const char *)(intptr_t)sg->v + (base + a * D) * es, b - a, G, D, acc, l, m, bf16);
+    else
+        for (int g = 0; g < G; g++) {
+            m[g] = -FLT_MAX;
+            l[g] = 0.f;
+            memset(acc + g * D, 0, sizeof(float) * D);
+        }
 }
 
-static void *decode_items_f32(void *c) { decode_items((const decode_job *)c, 0); return NULL; }
-static void *decode_items_bf16(void *c) { decode_items((const decode_job *)c, 1); return NULL; }
+static void decode_item_f32(const void *c, int it) { decode_item((const decode_job *)c, it, 0); }
+static void decode_item_bf16(const void *c, int it) { decode_item((const decode_job *)c, it, 1); }
 
-#define MAX_THREADS 16
-/* Multiply-adds per call below which helper threads cost more than they save (a helper costs ~35 us to start
- * and join on the 2-vCPU VM). Decode is memory-bound, so a second thread helps it less: measured there, a 16k-token
- * cache (2M) decoded no faster with two threads, while a 35-token chunk behind it ran 1.4x faster. */
-#define DECODE_PARALLEL_WORK (1 << 23)
-#define CHUNK_PARALLEL_WORK (1 << 21)
-
-/* Runs items [0, n) of job on up to `threads` threads (helpers started per call and joined: none is left
- * spinning between calls, which on a small VM would take the core from the engine's other work). */
-static void run_split(void *(*fn)(void *), void *jobs, size_t size, size_t lo_at, size_t hi_at, int n, int threads) {
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (threads > n) threads = n;
-    if (threads < 1) threads = 1;
-    pthread_t helper[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    for (int w = threads - 1; w >= 0; w--) {
-        char *job = (char *)jobs + size * w;
-        *(int *)(job + lo_at) = (int)((int64_t)n * w / threads);
-        *(int *)(job + hi_at) = (int)((int64_t)n * (w + 1) / threads);
-        if (w > 0)
-            started[w] = pthread_create(&helper[w], NULL, fn, job) == 0;
-        if (w == 0 || !started[w])
-            fn(job); /* this thread's share, or a helper's that could not start */
-    }
-    for (int w = 1; w < threads; w++)
-        if (started[w]) pthread_join(helper[w], NULL);
-}
+/* Multiply-adds (query rows x keys x head dim) per call from which helpers are woken. A helper takes ~20 us to
+ * wake on the 2-vCPU VM, so below this the caller would finish alone anyway; at and above it, the work is cut in
+ * pieces small enough that the caller never waits long for a helper's last one. */
+#define DECODE_PARALLEL_WORK (1 << 20)
+#define DECODE_PIECE 2048 /* keys per split-K piece when helpers work */
+#define CHUNK_PARALLEL_WORK (1 << 20)
+#define CHUNK_PIECE 1024 /* keys per split-K piece of a chunk when helpers work (a multiple of BLK) */
 
 static inline __attribute__((always_inline)) int run(int nseg, const seg_t *segs, int layer, const void *q, int64_t q_hs,
                                                      int64_t q_rs, const void *key, int64_t k_hs, int64_t k_rs,
@@ -284,18 +265,23 @@ static inline __attribute__((always_inline)) int run(int nseg, const seg_t *segs
                                                      int64_t window, float scale, int threads, const int bf16) {
     if (G < 1 || G > MAXG || D < 16 || D > MAXD || D % 16) return 1;
     const int es = bf16 ? 2 : 4;
-    int64_t work = 0, shortest = INT64_MAX;
+    int64_t work = 0, longest = 0;
     for (int i = 0; i < nseg; i++) {
         const seg_t *sg = segs + i;
         if (sg->pos < 0 || sg->pos >= sg->cap) return 2;
         const int64_t T = sg->pos + 1 - window_start(sg, window);
         work += T * kv_heads * G * D;
-        shortest = T < shortest ? T : shortest;
+        longest = T > longest ? T : longest;
     }
     if (work < DECODE_PARALLEL_WORK) threads = 1;
     const int pairs = nseg * kv_heads;
-    int nsplit = threads > pairs ? (threads + pairs - 1) / pairs : 1;
-    if (nsplit > 1 && shortest / nsplit < BLK) nsplit = shortest / BLK > 1 ? (int)(shortest / BLK) : 1;
+    /* with helpers, split so that every thread has several pieces (the longest cache sets the count; a shorter
+     * cache's surplus pieces are empty) */
+    int nsplit = 1;
+    if (threads > 1 && pairs < 4 * threads) {
+        const int64_t want = longest / DECODE_PIECE;
+        nsplit = want < 1 ? 1 : want > 64 ? 64 : (int)want;
+    }
     const int items = pairs * nsplit, stride = 2 * G + G * D;
     float *qs = malloc(sizeof(float) * ((size_t)pairs * G * D + (size_t)items * stride));
     if (!qs) return 3;
@@ -314,11 +300,8 @@ static inline __attribute__((always_inline)) int run(int nseg, const seg_t *segs
             }
         }
     }
-    decode_job jobs[MAX_THREADS];
-    for (int w = 0; w < MAX_THREADS; w++)
-        jobs[w] = (decode_job){segs, layer, kv_heads, G, D, nsplit, window, qs, part, 0, items};
-    run_split(bf16 ? decode_items_bf16 : decode_items_f32, jobs, sizeof(decode_job), offsetof(decode_job, lo),
-              offsetof(decode_job, hi), items, threads);
+    const decode_job job = {segs, layer, kv_heads, G, D, nsplit, window, qs, part};
+    pool_run(bf16 ? decode_item_bf16 : decode_item_f32, &job, items, threads);
     /* merge the splits: weights exp(m_split - m) */
     for (int p = 0; p < pairs; p++) {
         const int i = p / kv_heads, h = p % kv_heads;
@@ -330,7 +313,7 @@ static inline __attribute__((always_inline)) int run(int nseg, const seg_t *segs
             }
             for (int sp = 0; sp < nsplit; sp++) {
                 const float *m = part + (int64_t)(p * nsplit + sp) * stride, *l = m + G, *acc = l + G + g * D;
-                const float w = nsplit == 1 ? 1.f : expf(m[g] - mx);
+                const float w = nsplit == 1 ? 1.f : m[g] == -FLT_MAX ? 0.f : expf(m[g] - mx); /* empty split */
                 sum += w * l[g];
                 for (int e = 0; e < D; e++) y[e] += w * acc[e];
             }
@@ -345,127 +328,144 @@ static inline __attribute__((always_inline)) int run(int nseg, const seg_t *segs
 
 /* ---- a chunk of n new tokens behind s cached ones (the observation of a turn) ----
  * Every query row meets up to s+n keys: compute-bound, so keys are taken 64 at a time, transposed once into
- * Kt [D][64] and shared by all rows, and each tile of 4 query rows runs on vertical FMAs (no horizontal sums). */
+ * Kt [D][64] and shared by all rows, and each tile of 4 query rows runs on vertical FMAs (no horizontal sums).
+ * With helpers the keys are cut into pieces (split-K, as for decode): an item is one KV head's rows over one piece,
+ * so each piece's transpose still serves every row; the pieces' partial results are merged at the end. */
 typedef struct {
-    const char *k, *v;                        /* layer buffers for KV head 0: [kv_heads][cap][D] */
+    const char *k, *v; /* layer buffers for KV head 0: [kv_heads][cap][D] */
     int64_t cap, s;
-    int n, G, D, R;                           /* R = G n rows per KV head */
-    float *qs, *acc, *m, *l;                  /* [kv_heads R][D], [kv_heads R][D], [kv_heads R], [kv_heads R] */
-    int lo, hi;                               /* this worker's tiles, numbered across KV heads */
+    int n, G, D, R;    /* R = G n rows per KV head */
+    int pieces;        /* key pieces per KV head */
+    const float *qs;   /* [kv_heads R][D], pre-scaled */
+    float *part;       /* per item: m [R], l [R], acc [R][D] */
 } chunk_job;
 
-/* Tiles [lo, hi) of RT rows: scores, causal limit, online softmax and P.V over every key block they see. */
-static inline __attribute__((always_inline)) void chunk_tiles(const chunk_job *c, const int bf16) {
-    const int es = bf16 ? 2 : 4, D = c->D, G = c->G, R = c->R;
-    const int per_head = (R + RT - 1) / RT;
-    const int64_t T = c->s + c->n;
+static inline __attribute__((always_inline)) void chunk_item(const chunk_job *c, int it, const int bf16) {
+    const int es = bf16 ? 2 : 4, D = c->D, G = c->G, R = c->R, h = it / c->pieces, p = it % c->pieces;
+    const int64_t T = c->s + c->n, blocks = (T + BLK - 1) / BLK;
+    const int64_t a = blocks * p / c->pieces * BLK, b0 = blocks * (p + 1) / c->pieces * BLK, b = b0 < T ? b0 : T;
+    const char *kh = c->k + (int64_t)h * c->cap * D * es, *vh = c->v + (int64_t)h * c->cap * D * es;
+    const float *qs = c->qs + (int64_t)h * R * D;
+    float *m = c->part + (int64_t)it * R * (D + 2), *l = m + R, *acc = l + R;
     float kt[MAXD * BLK] __attribute__((aligned(64)));
     float sc[RT * BLK] __attribute__((aligned(64)));
-    for (int h = c->lo / per_head; h <= (c->hi - 1) / per_head; h++) {
-        const int t_lo = c->lo > h * per_head ? c->lo - h * per_head : 0;
-        const int t_hi = c->hi < (h + 1) * per_head ? c->hi - h * per_head : per_head;
-        const int last = (t_hi * RT < R ? t_hi * RT : R) - 1; /* my last row in this head */
-        const char *kh = c->k + (int64_t)h * c->cap * D * es, *vh = c->v + (int64_t)h * c->cap * D * es;
-        float *qs = c->qs + (int64_t)h * R * D, *acc = c->acc + (int64_t)h * R * D, *m = c->m + h * R, *l = c->l + h * R;
-        for (int64_t j0 = 0; j0 < T; j0 += BLK) {
-            const int nb = T - j0 < BLK ? (int)(T - j0) : BLK;
-            if (c->s + last / G + 1 <= j0) break; /* rows only see more keys further down: none sees this block */
-            for (int j = 0; j < BLK; j++) {
-                const int jj = j < nb ? j : nb - 1;
-                const char *kr = kh + (j0 + jj) * D * es;
-                for (int e = 0; e < D; e++) kt[e * BLK + j] = to_f32(kr, e, bf16);
+    for (int r = 0; r < R; r++) {
+        m[r] = -FLT_MAX; /* no infinities: built with -ffast-math */
+        l[r] = 0.f;
+    }
+    memset(acc, 0, sizeof(float) * R * D);
+    for (int64_t j0 = a; j0 < b; j0 += BLK) {
+        const int nb = b - j0 < BLK ? (int)(b - j0) : BLK;
+        for (int j = 0; j < BLK; j++) {
+            const int jj = j < nb ? j : nb - 1;
+            const char *kr = kh + (j0 + jj) * D * es;
+            for (int e = 0; e < D; e++) kt[e * BLK + j] = to_f32(kr, e, bf16);
+        }
+        const char *vb = vh + j0 * D * es;
+        /* rows see keys < s + r / G + 1: the first row that sees this block, and tiles from it */
+        const int64_t first = (j0 - c->s) * G;
+        for (int r0 = first > 0 ? (int)(first / RT * RT) : 0; r0 < R; r0 += RT) {
+            const int nr = R - r0 < RT ? R - r0 : RT;
+            /* scores of RT rows x 64 keys */
+            __m512 acc4[RT][4];
+#pragma GCC unroll 4
+            for (int t = 0; t < RT; t++)
+#pragma GCC unroll 4
+                for (int q4 = 0; q4 < 4; q4++) acc4[t][q4] = _mm512_setzero_ps();
+            for (int e = 0; e < D; e++) {
+                __m512 kv[4];
+#pragma GCC unroll 4
+                for (int q4 = 0; q4 < 4; q4++) kv[q4] = _mm512_load_ps(kt + e * BLK + 16 * q4);
+#pragma GCC unroll 4
+                for (int t = 0; t < RT; t++) {
+                    const __m512 qb = _mm512_set1_ps(qs[(int64_t)(r0 + (t < nr ? t : 0)) * D + e]);
+#pragma GCC unroll 4
+                    for (int q4 = 0; q4 < 4; q4++) acc4[t][q4] = _mm512_fmadd_ps(qb, kv[q4], acc4[t][q4]);
+                }
             }
-            const char *vb = vh + j0 * D * es;
-            for (int r0 = t_lo * RT; r0 <= last; r0 += RT) {
-                const int nr = R - r0 < RT ? R - r0 : RT;
-                if (c->s + (r0 + nr - 1) / G + 1 <= j0) continue; /* no row of the tile sees this block */
-                /* scores of RT rows x 64 keys */
-                __m512 a[RT][4];
 #pragma GCC unroll 4
-                for (int t = 0; t < RT; t++)
+            for (int t = 0; t < RT; t++)
 #pragma GCC unroll 4
-                    for (int q4 = 0; q4 < 4; q4++) a[t][q4] = _mm512_setzero_ps();
-                for (int e = 0; e < D; e++) {
-                    __m512 kv[4];
-#pragma GCC unroll 4
-                    for (int q4 = 0; q4 < 4; q4++) kv[q4] = _mm512_load_ps(kt + e * BLK + 16 * q4);
-#pragma GCC unroll 4
-                    for (int t = 0; t < RT; t++) {
-                        const __m512 qb = _mm512_set1_ps(qs[(int64_t)(r0 + (t < nr ? t : 0)) * D + e]);
-#pragma GCC unroll 4
-                        for (int q4 = 0; q4 < 4; q4++) a[t][q4] = _mm512_fmadd_ps(qb, kv[q4], a[t][q4]);
-                    }
-                }
-#pragma GCC unroll 4
-                for (int t = 0; t < RT; t++)
-#pragma GCC unroll 4
-                    for (int q4 = 0; q4 < 4; q4++) _mm512_store_ps(sc + t * BLK + 16 * q4, a[t][q4]);
-                /* causal limit and online softmax per row */
-                float corr[RT];
-                for (int t = 0; t < nr; t++) {
-                    const int r = r0 + t;
-                    const int64_t lim = c->s + r / G + 1 - j0; /* keys [0, lim) of this block are visible */
-                    const int vis = lim < 0 ? 0 : lim < nb ? (int)lim : nb;
-                    corr[t] = softmax_block(sc + t * BLK, vis, nb, m + r, l + r);
-                }
-                for (int t = nr; t < RT; t++) {
-                    corr[t] = 0.f;
-                    for (int j = 0; j < nb; j++) sc[t * BLK + j] = 0.f;
-                }
-                /* acc[rows] = acc * corr + P.V, up to 4 x 16 dims of RT rows in registers per pass */
-                pv_rows(acc + (int64_t)r0 * D, D, sc, vb, nb, nr, corr, bf16);
+                for (int q4 = 0; q4 < 4; q4++) _mm512_store_ps(sc + t * BLK + 16 * q4, acc4[t][q4]);
+            /* causal limit and online softmax per row */
+            float corr[RT];
+            for (int t = 0; t < nr; t++) {
+                const int r = r0 + t;
+                const int64_t lim = c->s + r / G + 1 - j0; /* keys [0, lim) of this block are visible */
+                const int vis = lim < 0 ? 0 : lim < nb ? (int)lim : nb;
+                corr[t] = softmax_block(sc + t * BLK, vis, nb, m + r, l + r);
             }
+            for (int t = nr; t < RT; t++) {
+                corr[t] = 0.f;
+                for (int j = 0; j < nb; j++) sc[t * BLK + j] = 0.f;
+            }
+            /* acc[rows] = acc * corr + P.V, up to 4 x 16 dims of RT rows in registers per pass */
+            pv_rows(acc + (int64_t)r0 * D, D, sc, vb, nb, nr, corr, bf16);
         }
     }
 }
 
-static void *chunk_tiles_f32(void *c) { chunk_tiles((const chunk_job *)c, 0); return NULL; }
-static void *chunk_tiles_bf16(void *c) { chunk_tiles((const chunk_job *)c, 1); return NULL; }
+static void chunk_item_f32(const void *c, int it) { chunk_item((const chunk_job *)c, it, 0); }
+static void chunk_item_bf16(const void *c, int it) { chunk_item((const chunk_job *)c, it, 1); }
 
 static inline __attribute__((always_inline)) int chunk(const void *q, int64_t q_hs, int64_t q_rs, const char *k,
                                                        const char *v, int64_t cap, int64_t s, int n, void *out,
                                                        int64_t o_hs, int64_t o_rs, int kv_heads, int G, int D,
-                                                       float scale, float *work, int threads, const int bf16) {
-    const int es = bf16 ? 2 : 4, R = G * n, tiles = kv_heads * ((R + RT - 1) / RT);
-    const int64_t rows = (int64_t)kv_heads * R;
-    chunk_job job = {k, v, cap, s, n, G, D, R, work, work + rows * D, work + 2 * rows * D, work + 2 * rows * D + rows,
-                     0, tiles};
+                                                       float scale, int threads, const int bf16) {
+    const int es = bf16 ? 2 : 4, R = G * n;
+    const int64_t rows = (int64_t)kv_heads * R, T = s + n;
+    if (rows * T * D < CHUNK_PARALLEL_WORK) threads = 1;
+    int pieces = 1;
+    if (threads > 1) {
+        const int64_t want = T / CHUNK_PIECE;
+        pieces = want < 1 ? 1 : want > 64 ? 64 : (int)want;
+    }
+    const int items = kv_heads * pieces;
+    float *qs = malloc(sizeof(float) * (size_t)(rows * D + (int64_t)items * R * (D + 2)));
+    if (!qs) return 3;
+    const chunk_job job = {k, v, cap, s, n, G, D, R, pieces, qs, qs + rows * D};
     /* row r of KV head h = token i, query head h G + g (r = i G + g): a tile spans few tokens */
     for (int h = 0; h < kv_heads; h++)
         for (int r = 0; r < R; r++) {
             const int i = r / G, g = r % G;
             const char *qr = (const char *)q + ((int64_t)(h * G + g) * q_hs + (int64_t)i * q_rs) * es;
-            float *qd = job.qs + ((int64_t)h * R + r) * D;
+            float *qd = qs + ((int64_t)h * R + r) * D;
             for (int e = 0; e < D; e++) qd[e] = to_f32(qr, e, bf16) * scale;
-            job.m[h * R + r] = -FLT_MAX;
-            job.l[h * R + r] = 0.f;
         }
-    memset(job.acc, 0, sizeof(float) * rows * D);
-    if ((int64_t)rows * (s + n) * D < CHUNK_PARALLEL_WORK) threads = 1;
-    chunk_job jobs[MAX_THREADS];
-    for (int w = 0; w < MAX_THREADS; w++) jobs[w] = job;
-    run_split(bf16 ? chunk_tiles_bf16 : chunk_tiles_f32, jobs, sizeof(chunk_job), offsetof(chunk_job, lo),
-              offsetof(chunk_job, hi), tiles, threads);
+    pool_run(bf16 ? chunk_item_bf16 : chunk_item_f32, &job, items, threads);
+    /* merge the pieces: weights exp(m_piece - m) */
     for (int h = 0; h < kv_heads; h++)
         for (int r = 0; r < R; r++) {
+            float mx = -FLT_MAX, sum = 0.f, y[MAXD] = {0};
+            for (int p = 0; p < pieces; p++) {
+                const float mm = job.part[(int64_t)(h * pieces + p) * R * (D + 2) + r];
+                mx = mm > mx ? mm : mx;
+            }
+            for (int p = 0; p < pieces; p++) {
+                const float *m = job.part + (int64_t)(h * pieces + p) * R * (D + 2), *acc = m + 2 * R + (int64_t)r * D;
+                const float w = pieces == 1 ? 1.f : m[r] == -FLT_MAX ? 0.f : expf(m[r] - mx); /* saw no key */
+                sum += w * m[R + r];
+                for (int e = 0; e < D; e++) y[e] += w * acc[e];
+            }
             const int i = r / G, g = r % G;
             char *o = (char *)out + ((int64_t)(h * G + g) * o_hs + (int64_t)i * o_rs) * es;
-            const float inv = 1.f / job.l[h * R + r], *a = job.acc + ((int64_t)h * R + r) * D;
-            for (int e = 0; e < D; e++) store_out(o, e, a[e] * inv, bf16);
+            const float inv = 1.f / sum;
+            for (int e = 0; e < D; e++) store_out(o, e, y[e] * inv, bf16);
         }
+    free(qs);
     return 0;
 }
 
 /* query/out point at the chunk's first row; k/v at the layer's buffer for KV head 0 ([kv_heads][cap][D]),
- * whose positions [0, s+n) are filled; work holds (2 D + 2) G n floats. */
+ * whose positions [0, s+n) are filled. Returns 0, 1 for an unsupported shape, 3 when out of memory. */
 #define CHUNK_ENTRY(NAME, BF16)                                                                                    \
     int NAME(const void *q, int64_t q_hs, int64_t q_rs, const void *k, const void *v, int64_t cap, int64_t s,      \
              int n, void *out, int64_t o_hs, int64_t o_rs, int kv_heads, int groups, int D, float scale,          \
-             float *work, int threads) {                                                                          \
+             int threads) {                                                                                       \
         if (groups < 1 || groups > MAXG || D < 16 || D > MAXD || D % 16 || n < 1 || s < 0 || s + n > cap)          \
             return 1;                                                                                              \
         return chunk(q, q_hs, q_rs, (const char *)k, (const char *)v, cap, s, n, out, o_hs, o_rs, kv_heads,       \
-                     groups, D, scale, work, threads, BF16);                                                       \
+                     groups, D, scale, threads, BF16);                                                             \
     }
 CHUNK_ENTRY(conch_chunk_attention_f32, 0)
 CHUNK_ENTRY(conch_chunk_attention_bf16, 1)

@@ -46,11 +46,11 @@ if command -v bwrap >/dev/null && "$PY" -c 'from conch.sandbox.baseroot import b
 fi
 if [ "$TARGET" = cpu ]; then
   [ $sandboxes = 1 ] && bench sandbox 300 --backend local
-  bench engine 600 "${DEV[@]}"
+  bench engine 600 "${DEV[@]}" --horizon-turns ""  # the conversation runs in bench horizon, three times
   bench horizon 600 "${DEV[@]}" --no-reuse-budget 120
   bench train 600 "${DEV[@]}"
 else
-  bench engine 120 "${DEV[@]}" --dtype bfloat16
+  bench engine 120 "${DEV[@]}" --dtype bfloat16 --horizon-turns ""
   bench horizon 90 "${DEV[@]}" --dtype bfloat16 --repeats 1 --no-reuse-budget 20
   bench train 150 "${DEV[@]}" --lengths 1024,4096,8192,16384,32768
 fi

@@ -384,9 +384,11 @@ def test_benches_run(model_dir, capsys):
 
     assert conch_main(["bench", "engine", "--json", "--model", str(model_dir), "--batch-sizes", "1,2",
                        "--new-tokens", "4", "--capture-tokens", "4", "--repeats", "2", "--decode-repeats", "1",
-                       "--capture-batch", "2"]) == 0
+                       "--capture-batch", "2", "--horizon-turns", "2,3"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [r["batch"] for r in out["decode"]] == [1, 2] and all(r["tokens_per_s"] > 0 for r in out["decode"])
+    assert out["horizon"]["turns"] == [2, 3] and 0 < out["horizon"]["seconds_reuse"][0] <= out["horizon"]["seconds_reuse"][1]
+    assert len(out["horizon"]["seconds_reuse_runs"]) == 1 and len(out["horizon"]["seconds_no_reuse"]) == 2
     cap = out["capture"]
     assert cap["tokens_per_s_capture"] > 0 and cap["tokens_per_s_no_capture"] > 0
     assert cap["pairs"] == 2 and len(cap["overhead_wall_pairs"]) == 2 and cap["steps_per_side"] == 2 * 4

@@ -1,9 +1,11 @@
-"""`conch bench engine`: decode tokens/s against batch size, and the cost of MoE routing capture.
+"""`conch bench engine`: decode tokens/s against batch size, the cost of MoE routing capture, and one long
+conversation with and without prefix reuse.
 
-Why these two numbers: rollouts are many concurrent sessions, so throughput must grow with batch size
-(continuous batching works), and R3 needs routing captured on every token, so capture must be nearly free
-(target: at most 3% fewer tokens/s). Runs on the tiny model (created under CONCH_HOME on first use) unless
-`--model DIR` names another checkpoint.
+Why these numbers: rollouts are many concurrent sessions, so throughput must grow with batch size
+(continuous batching works); R3 needs routing captured on every token, so capture must be nearly free
+(target: at most 3% fewer tokens/s); an episode is hundreds of turns, so a turn must cost its new tokens only
+(the conversation is `conch bench horizon`'s, one run of it here: `--horizon-turns ""` skips it). Runs on the
+tiny model (created under CONCH_HOME on first use) unless `--model DIR` names another checkpoint.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens per session in each capture on/off run (short runs: load drift hits both sides)")
     parser.add_argument("--repeats", type=int, default=48,
                         help="on/off run pairs in the capture comparison")
+    parser.add_argument("--horizon-turns", default="30,100,300",
+                        help="checkpoints of the long conversation (empty: skip it); `conch bench horizon` repeats it")
+    parser.add_argument("--no-reuse-budget", type=float, default=120.0,
+                        help="stop the conversation without prefix reuse after this many seconds")
 
 
 def resolve_model(arg: str | None) -> str:
@@ -69,6 +75,7 @@ async def timed_batch(engine, batch: int, prompt_tokens: int, new_tokens: int, v
 
 
 async def _bench(args: argparse.Namespace) -> dict:
+    from conch.bench.horizon import conversation, parse_turns, report
     from conch.engine.hf import HFEngine
 
     model = resolve_model(args.model)
@@ -84,12 +91,16 @@ async def _bench(args: argparse.Namespace) -> dict:
         rows.append({"batch": b, "seconds": round(sec, 4), "tokens_per_s": round(b * args.new_tokens / sec, 1)})
         print(f"batch {b:>3}: {rows[-1]['tokens_per_s']:>9.1f} tokens/s", file=sys.stderr)
     capture = await _capture_overhead(engine, args, vocab)
-    await engine.aclose()
     print(f"capture overhead at batch {capture['batch']}: {capture['overhead'] * 100:.2f}% (median decode step, "
           f"{capture['pairs']} on/off pairs)", file=sys.stderr)
+    horizon = None
+    if parse_turns(args.horizon_turns):
+        horizon = await conversation(engine, parse_turns(args.horizon_turns), 64, 0, 1, args.no_reuse_budget)
+        report(horizon)
+    await engine.aclose()
     return {"model": model, "dtype": args.dtype, "device": args.device, "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "num_experts": engine.num_experts, "moe_layers": engine.num_moe_layers,
-            "attention": engine.attention_kernel, "decode": rows, "capture": capture}
+            "attention": engine.attention_kernel, "decode": rows, "capture": capture, "horizon": horizon}
 
 
 async def _capture_overhead(engine, args: argparse.Namespace, vocab: int) -> dict:
@@ -151,4 +162,7 @@ def run(args: argparse.Namespace) -> int:
               f"{c['tokens_per_s_capture']:.1f} vs {c['tokens_per_s_no_capture']:.1f} tokens/s, overhead "
               f"{c['overhead'] * 100:.2f}% (target <= 3%); wall clock: median pair "
               f"{c['overhead_wall_median_pair'] * 100:.2f}%, best runs {c['overhead_wall_best_runs'] * 100:.2f}%")
+        h = result["horizon"]
+        if h:
+            print("long conversation: " + json.dumps({k: h[k] for k in ("turns", "seconds_reuse", "seconds_no_reuse")}))
     return 0

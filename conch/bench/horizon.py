@@ -74,31 +74,49 @@ async def no_reuse_run(engine, system: list[int], turns: list[tuple[list[int], i
     return out + [None] * (len(checkpoints) - len(out))
 
 
-async def _bench(args: argparse.Namespace) -> dict:
-    from conch.engine.hf import HFEngine
-
-    checkpoints = sorted(int(x) for x in args.turns.split(",") if x.strip())
-    model = resolve_model(args.model)
-    engine = HFEngine(model, dtype=args.dtype, device=args.device, capture_routing=True,
-                      native_attention=args.attention == "native")
+async def conversation(engine, checkpoints: list[int], system_tokens: int, seed: int, repeats: int,
+                       no_reuse_budget: float) -> dict:
+    """The horizon measurement on a live engine (also part of `conch bench engine`)."""
+    checkpoints = sorted(checkpoints)
     vocab = engine.model.config.vocab_size
-    turns = plan(checkpoints[-1], args.seed, vocab)
-    system = random_ids(args.system_tokens, vocab, args.seed + 7)
-    total = args.system_tokens + sum(len(o) + n for o, n in turns)
+    turns = plan(checkpoints[-1], seed, vocab)
+    system = random_ids(system_tokens, vocab, seed + 7)
+    total = system_tokens + sum(len(o) + n for o, n in turns)
     if total > engine.max_positions:
         raise SystemExit(f"{checkpoints[-1]} turns need {total} tokens; the model's context is {engine.max_positions}")
-    await reuse_run(engine, system, turns[:3], [], args.seed)  # warm-up
-    runs = [await reuse_run(engine, system, turns, checkpoints, args.seed) for _ in range(max(1, args.repeats))]
+    await reuse_run(engine, system, turns[:3], [], seed)  # warm-up
+    runs = [await reuse_run(engine, system, turns, checkpoints, seed) for _ in range(max(1, repeats))]
     reuse = [statistics.median(run[i] for run in runs) for i in range(len(checkpoints))]
-    no_reuse = await no_reuse_run(engine, system, turns, checkpoints, args.seed, args.no_reuse_budget)
-    await engine.aclose()
+    no_reuse = await no_reuse_run(engine, system, turns, checkpoints, seed, no_reuse_budget)
     i30 = checkpoints.index(30) if 30 in checkpoints else 0
     i300 = checkpoints.index(300) if 300 in checkpoints else len(checkpoints) - 1
     return {"turns": checkpoints, "seconds_reuse": reuse, "seconds_no_reuse": no_reuse,
             "reuse_ratio_last_first": round(reuse[i300] / reuse[i30], 2), "tokens_at_last": total,
             "seconds_reuse_runs": runs, "ratio_per_run": [round(run[i300] / run[i30], 2) for run in runs],
-            "model": model, "dtype": args.dtype, "device": args.device,
             "attention": engine.attention_kernel}
+
+
+def parse_turns(text: str) -> list[int]:
+    return sorted(int(x) for x in text.split(",") if x.strip())
+
+
+async def _bench(args: argparse.Namespace) -> dict:
+    from conch.engine.hf import HFEngine
+
+    model = resolve_model(args.model)
+    engine = HFEngine(model, dtype=args.dtype, device=args.device, capture_routing=True,
+                      native_attention=args.attention == "native")
+    try:
+        result = await conversation(engine, parse_turns(args.turns), args.system_tokens, args.seed, args.repeats,
+                                    args.no_reuse_budget)
+    finally:
+        await engine.aclose()
+    return {**result, "model": model, "dtype": args.dtype, "device": args.device}
+
+
+def report(result: dict) -> None:
+    print(f"reuse: last/first checkpoint time ratio {result['reuse_ratio_last_first']} "
+          f"(target <= 12 for 300/30); {result['tokens_at_last']} tokens at the last turn", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,6 +127,5 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(json.dumps({k: result[k] for k in ("turns", "seconds_reuse", "seconds_no_reuse")}))
-        print(f"reuse: last/first checkpoint time ratio {result['reuse_ratio_last_first']} "
-              f"(target <= 12 for 300/30); {result['tokens_at_last']} tokens at the last turn", file=sys.stderr)
+        report(result)
     return 0

@@ -257,6 +257,8 @@ static void decode_item_bf16(const void *c, int it) { decode_item((const decode_
 #define DECODE_PIECE 2048 /* keys per split-K piece when helpers work */
 #define CHUNK_PARALLEL_WORK (1 << 20)
 #define CHUNK_PIECE 1024 /* keys per split-K piece of a chunk when helpers work (a multiple of BLK) */
+#define CHUNK_GROUP_ROWS 256 /* query rows per chunk item: 64 tiles share each transposed key block */
+#define CHUNK_PARTIAL_FLOATS (1 << 22) /* at most 16 MiB of split-K partial results per chunk call */
 
 static inline __attribute__((always_inline)) int run(int nseg, const seg_t *segs, int layer, const void *q, int64_t q_hs,
                                                      int64_t q_rs, const void *key, int64_t k_hs, int64_t k_rs,
@@ -329,33 +331,38 @@ static inline __attribute__((always_inline)) int run(int nseg, const seg_t *segs
 /* ---- a chunk of n new tokens behind s cached ones (the observation of a turn) ----
  * Every query row meets up to s+n keys: compute-bound, so keys are taken 64 at a time, transposed once into
  * Kt [D][64] and shared by all rows, and each tile of 4 query rows runs on vertical FMAs (no horizontal sums).
- * With helpers the keys are cut into pieces (split-K, as for decode): an item is one KV head's rows over one piece,
- * so each piece's transpose still serves every row; the pieces' partial results are merged at the end. */
+ * With helpers the keys are cut into pieces (split-K, as for decode) and the rows into groups: an item is one
+ * group of one KV head's rows over one piece, so each piece's transpose serves many rows; the pieces' partial
+ * results are merged at the end. */
 typedef struct {
     const char *k, *v; /* layer buffers for KV head 0: [kv_heads][cap][D] */
     int64_t cap, s;
     int n, G, D, R;    /* R = G n rows per KV head */
     int pieces;        /* key pieces per KV head */
+    int groups;        /* row groups per KV head (CHUNK_GROUP_ROWS rows each) */
     const float *qs;   /* [kv_heads R][D], pre-scaled */
-    float *part;       /* per item: m [R], l [R], acc [R][D] */
+    float *part;       /* per KV head and piece: m [R], l [R], acc [R][D] */
 } chunk_job;
 
 static inline __attribute__((always_inline)) void chunk_item(const chunk_job *c, int it, const int bf16) {
-    const int es = bf16 ? 2 : 4, D = c->D, G = c->G, R = c->R, h = it / c->pieces, p = it % c->pieces;
+    const int es = bf16 ? 2 : 4, D = c->D, G = c->G, R = c->R;
+    const int h = it / (c->pieces * c->groups), p = it / c->groups % c->pieces, grp = it % c->groups;
+    const int r_lo = grp * CHUNK_GROUP_ROWS, r_hi = r_lo + CHUNK_GROUP_ROWS < R ? r_lo + CHUNK_GROUP_ROWS : R;
     const int64_t T = c->s + c->n, blocks = (T + BLK - 1) / BLK;
     const int64_t a = blocks * p / c->pieces * BLK, b0 = blocks * (p + 1) / c->pieces * BLK, b = b0 < T ? b0 : T;
     const char *kh = c->k + (int64_t)h * c->cap * D * es, *vh = c->v + (int64_t)h * c->cap * D * es;
     const float *qs = c->qs + (int64_t)h * R * D;
-    float *m = c->part + (int64_t)it * R * (D + 2), *l = m + R, *acc = l + R;
+    float *m = c->part + (int64_t)(h * c->pieces + p) * R * (D + 2), *l = m + R, *acc = l + R;
     float kt[MAXD * BLK] __attribute__((aligned(64)));
     float sc[RT * BLK] __attribute__((aligned(64)));
-    for (int r = 0; r < R; r++) {
+    for (int r = r_lo; r < r_hi; r++) {
         m[r] = -FLT_MAX; /* no infinities: built with -ffast-math */
         l[r] = 0.f;
     }
-    memset(acc, 0, sizeof(float) * R * D);
+    memset(acc + (int64_t)r_lo * D, 0, sizeof(float) * (r_hi - r_lo) * D);
     for (int64_t j0 = a; j0 < b; j0 += BLK) {
         const int nb = b - j0 < BLK ? (int)(b - j0) : BLK;
+        if (c->s + (r_hi - 1) / G + 1 <= j0) break; /* rows only see more keys further down: none sees this block */
         for (int j = 0; j < BLK; j++) {
             const int jj = j < nb ? j : nb - 1;
             const char *kr = kh + (j0 + jj) * D * es;
@@ -364,8 +371,8 @@ static inline __attribute__((always_inline)) void chunk_item(const chunk_job *c,
         const char *vb = vh + j0 * D * es;
         /* rows see keys < s + r / G + 1: the first row that sees this block, and tiles from it */
         const int64_t first = (j0 - c->s) * G;
-        for (int r0 = first > 0 ? (int)(first / RT * RT) : 0; r0 < R; r0 += RT) {
-            const int nr = R - r0 < RT ? R - r0 : RT;
+        for (int r0 = first > r_lo ? r_lo + (int)((first - r_lo) / RT * RT) : r_lo; r0 < r_hi; r0 += RT) {
+            const int nr = r_hi - r0 < RT ? r_hi - r0 : RT;
             /* scores of RT rows x 64 keys */
             __m512 acc4[RT][4];
 #pragma GCC unroll 4
@@ -415,15 +422,15 @@ static inline __attribute__((always_inline)) int chunk(const void *q, int64_t q_
     const int es = bf16 ? 2 : 4, R = G * n;
     const int64_t rows = (int64_t)kv_heads * R, T = s + n;
     if (rows * T * D < CHUNK_PARALLEL_WORK) threads = 1;
-    int pieces = 1;
-    if (threads > 1) {
-        const int64_t want = T / CHUNK_PIECE;
+    int pieces = 1, groups = (R + CHUNK_GROUP_ROWS - 1) / CHUNK_GROUP_ROWS;
+    if (threads > 1) { /* pieces of the keys, as many as CHUNK_PARTIAL_FLOATS of partial results allow */
+        int64_t want = T / CHUNK_PIECE, room = CHUNK_PARTIAL_FLOATS / (rows * (D + 2));
+        want = want < room ? want : room;
         pieces = want < 1 ? 1 : want > 64 ? 64 : (int)want;
     }
-    const int items = kv_heads * pieces;
-    float *qs = malloc(sizeof(float) * (size_t)(rows * D + (int64_t)items * R * (D + 2)));
+    float *qs = malloc(sizeof(float) * (size_t)(rows * D + (int64_t)pieces * rows * (D + 2)));
     if (!qs) return 3;
-    const chunk_job job = {k, v, cap, s, n, G, D, R, pieces, qs, qs + rows * D};
+    const chunk_job job = {k, v, cap, s, n, G, D, R, pieces, groups, qs, qs + rows * D};
     /* row r of KV head h = token i, query head h G + g (r = i G + g): a tile spans few tokens */
     for (int h = 0; h < kv_heads; h++)
         for (int r = 0; r < R; r++) {
@@ -432,7 +439,7 @@ static inline __attribute__((always_inline)) int chunk(const void *q, int64_t q_
             float *qd = qs + ((int64_t)h * R + r) * D;
             for (int e = 0; e < D; e++) qd[e] = to_f32(qr, e, bf16) * scale;
         }
-    pool_run(bf16 ? chunk_item_bf16 : chunk_item_f32, &job, items, threads);
+    pool_run(bf16 ? chunk_item_bf16 : chunk_item_f32, &job, kv_heads * pieces * groups, threads);
     /* merge the pieces: weights exp(m_piece - m) */
     for (int h = 0; h < kv_heads; h++)
         for (int r = 0; r < R; r++) {

@@ -258,7 +258,7 @@ static void decode_item_bf16(const void *c, int it) { decode_item((const decode_
 #define CHUNK_PARALLEL_WORK (1 << 20)
 #define CHUNK_PIECE 1024 /* keys per split-K piece of a chunk when helpers work (a multiple of BLK) */
 #define CHUNK_GROUP_ROWS 256 /* query rows per chunk item: 64 tiles share each transposed key block */
-#define CHUNK_PARTIAL_FLOATS (1 << 22) /* at most 16 MiB of split-K partial results per chunk call */
+#define SPLIT_PARTIAL_FLOATS (1 << 22) /* at most 16 MiB of split-K partial results per call (decode too) */
 
 static inline __attribute__((always_inline)) int run(int nseg, const seg_t *segs, int layer, const void *q, int64_t q_hs,
                                                      int64_t q_rs, const void *key, int64_t k_hs, int64_t k_rs,
@@ -279,12 +279,14 @@ static inline __attribute__((always_inline)) int run(int nseg, const seg_t *segs
     const int pairs = nseg * kv_heads;
     /* with helpers, split so that every thread has several pieces (the longest cache sets the count; a shorter
      * cache's surplus pieces are empty) */
+    const int stride = 2 * G + G * D;
     int nsplit = 1;
     if (threads > 1 && pairs < 4 * threads) {
-        const int64_t want = longest / DECODE_PIECE;
+        int64_t want = longest / DECODE_PIECE, room = SPLIT_PARTIAL_FLOATS / ((int64_t)pairs * stride);
+        want = want < room ? want : room;
         nsplit = want < 1 ? 1 : want > 64 ? 64 : (int)want;
     }
-    const int items = pairs * nsplit, stride = 2 * G + G * D;
+    const int items = pairs * nsplit;
     float *qs = malloc(sizeof(float) * ((size_t)pairs * G * D + (size_t)items * stride));
     if (!qs) return 3;
     float *part = qs + (size_t)pairs * G * D;
@@ -423,8 +425,8 @@ static inline __attribute__((always_inline)) int chunk(const void *q, int64_t q_
     const int64_t rows = (int64_t)kv_heads * R, T = s + n;
     if (rows * T * D < CHUNK_PARALLEL_WORK) threads = 1;
     int pieces = 1, groups = (R + CHUNK_GROUP_ROWS - 1) / CHUNK_GROUP_ROWS;
-    if (threads > 1) { /* pieces of the keys, as many as CHUNK_PARTIAL_FLOATS of partial results allow */
-        int64_t want = T / CHUNK_PIECE, room = CHUNK_PARTIAL_FLOATS / (rows * (D + 2));
+    if (threads > 1) { /* pieces of the keys, as many as SPLIT_PARTIAL_FLOATS of partial results allow */
+        int64_t want = T / CHUNK_PIECE, room = SPLIT_PARTIAL_FLOATS / (rows * (D + 2));
         want = want < room ? want : room;
         pieces = want < 1 ? 1 : want > 64 ? 64 : (int)want;
     }

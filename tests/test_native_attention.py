@@ -148,6 +148,46 @@ def test_kernel_calls_from_several_threads_at_once():
     assert not errors, errors[:3]
 
 
+def _single_cpu_threads() -> dict[int, int]:
+    """Threads of this process whose affinity is one CPU: {thread id: cpu}."""
+    found = {}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            status = open(f"/proc/self/task/{task}/status").read()
+        except OSError:  # the thread ended
+            continue
+        allowed = next(line.split()[1] for line in status.splitlines() if line.startswith("Cpus_allowed_list"))
+        if allowed.isdigit():
+            found[int(task)] = int(allowed)
+    return found
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_pool_helpers_run_on_another_cpu_than_the_caller():
+    """A woken helper may otherwise be queued on the caller's busy CPU (pool.h): helpers are pinned elsewhere, and
+    follow when the caller moves."""
+    import threading
+
+    kernel = kernel_or_skip(torch.float32, 2)
+    k, v = torch.randn(1, 9000, 32), torch.randn(1, 9000, 32)
+    q, out = torch.randn(4, 20, 32), torch.empty(4, 20, 32)
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    seen: dict[int, set[int]] = {}
+
+    def caller() -> None:  # a thread of its own, so that pinning it leaves the test process alone
+        me = threading.get_native_id()
+        for cpu in (first, second):
+            os.sched_setaffinity(0, {cpu})
+            kernel.chunk(k, v, 8980, q, out, 0.2)
+            seen[cpu] = {c for tid, c in _single_cpu_threads().items() if tid != me}
+
+    t = threading.Thread(target=caller)
+    t.start()
+    t.join()
+    assert seen[first] and first not in seen[first], seen
+    assert seen[second] and second not in seen[second], seen
+
+
 def test_kernel_sliding_window():
     kernel = kernel_or_skip(torch.float32)
     kv = SessionKV(1, 2, 32, torch.float32, torch.device("cpu"), capacity=512)

@@ -17,6 +17,7 @@
 #ifndef __AVX512F__
 #error "conch attention kernels need AVX-512F"
 #endif
+#define _GNU_SOURCE /* CPU affinity in pool.h */
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>

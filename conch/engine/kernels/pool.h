@@ -7,6 +7,12 @@
  * a helper joins whenever it wakes, and the caller never waits longer than one item. Helpers sleep on a futex
  * between jobs after a short spin, so nothing keeps spinning on a core the engine's other work needs.
  *
+ * Helpers are pinned to CPUs other than the caller's. Measured on the 2-vCPU VM: a helper woken after the caller
+ * had been idle for 0.5 ms or more was placed on the caller's own CPU in 48 of 50 wakes (the idle vCPU counts as
+ * preempted, so the scheduler does not pick it), where it could not run until the caller finished every item
+ * alone. The pins are checked on each job (the caller's CPU is one vDSO read) and moved only when the caller has
+ * moved onto a helper's CPU.
+ *
  * Correctness: the claim word packs (generation, items, next item), so a helper that wakes late for a finished
  * job fails its compare-and-swap instead of claiming an item of a newer job; a claimed item keeps its job alive
  * (the caller waits for every item to finish), so the job's function and argument are stable while it runs.
@@ -14,10 +20,14 @@
 #ifndef CONCH_POOL_H
 #define CONCH_POOL_H
 
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include <errno.h>
 #include <immintrin.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/syscall.h>
@@ -27,6 +37,7 @@
 #define POOL_MAX_HELPERS 15
 #define POOL_MAX_ITEMS ((1 << 20) - 1)
 #define POOL_SPIN_NS 20000 /* a helper spins this long for the next job before it sleeps */
+#define POOL_MAX_CPUS 1024
 
 typedef void (*pool_item_fn)(const void *arg, int item);
 
@@ -37,6 +48,10 @@ static struct {
     pool_item_fn fn;
     const void *arg;
     int helpers;                /* started */
+    pthread_t tid[POOL_MAX_HELPERS];
+    int pin[POOL_MAX_HELPERS];  /* the CPU each helper is pinned to, -1 for none */
+    int ncpus;                  /* CPUs this process may use (read when the first helper starts) */
+    short cpus[POOL_MAX_CPUS];
     uint64_t generation;
     pthread_mutex_t lock;       /* one job at a time; a second caller runs its items alone */
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -79,10 +94,34 @@ static void *pool_helper(void *unused) {
 
 static void pool_after_fork(void) { /* a forked child has no helpers: start afresh */
     pool.helpers = 0;
+    pool.ncpus = 0;
     pthread_mutex_init(&pool.lock, NULL);
 }
 
 static void pool_atfork_register(void) { pthread_atfork(NULL, NULL, pool_after_fork); }
+
+static void pool_read_cpus(void) {
+    cpu_set_t set;
+    pool.ncpus = 0;
+    if (sched_getaffinity(getpid(), sizeof set, &set) != 0) return; /* the process's (main thread's) CPUs */
+    for (int c = 0; c < CPU_SETSIZE && c < POOL_MAX_CPUS; c++)
+        if (CPU_ISSET(c, &set)) pool.cpus[pool.ncpus++] = (short)c;
+}
+
+/* Pins helper h to the h-th allowed CPU after skipping the caller's (no-op when it is there already). */
+static void pool_pin(int used) {
+    if (pool.ncpus < 2) return;
+    const int me = sched_getcpu();
+    for (int h = 0, i = 0; h < used; h++, i++) {
+        if (pool.cpus[i % pool.ncpus] == me) i++;
+        const int cpu = pool.cpus[i % pool.ncpus];
+        if (pool.pin[h] == cpu) continue;
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+        pool.pin[h] = pthread_setaffinity_np(pool.tid[h], sizeof set, &set) == 0 ? cpu : -1;
+    }
+}
 
 /* Runs fn(arg, i) for i in [0, items) on this thread and up to threads - 1 helpers. */
 static void pool_run(pool_item_fn fn, const void *arg, int items, int threads) {
@@ -94,17 +133,18 @@ static void pool_run(pool_item_fn fn, const void *arg, int items, int threads) {
     if (pool.helpers == 0) {
         static pthread_once_t once = PTHREAD_ONCE_INIT;
         pthread_once(&once, pool_atfork_register);
+        pool_read_cpus();
     }
     while (pool.helpers < threads - 1) {
-        pthread_t t;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        const int failed = pthread_create(&t, &attr, pool_helper, NULL);
+        const int failed = pthread_create(&pool.tid[pool.helpers], &attr, pool_helper, NULL);
         pthread_attr_destroy(&attr);
         if (failed) break; /* run with the helpers there are */
-        pool.helpers++;
+        pool.pin[pool.helpers++] = -1;
     }
+    pool_pin(pool.helpers); /* idle ones too: none is left on the caller's CPU */
     pool.fn = fn;
     pool.arg = arg;
     atomic_store_explicit(&pool.finished, 0, memory_order_relaxed);

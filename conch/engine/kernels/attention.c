@@ -214,6 +214,23 @@ static inline __attribute__((always_inline)) void attend(const float *q, const c
     }
 }
 
+/* Row r of `pieces` split-K partial results stored one after another, each m [rows], l [rows], acc [rows][D]
+ * (running max, sum and unnormalised output of its keys), merged into o: sum_p w_p acc_p / sum_p w_p l_p with
+ * w_p = exp(m_p - max_p m_p), 0 for a piece that saw no key of this row. */
+static void merge_row(const float *part, int rows, int D, int pieces, int r, void *o, const int bf16) {
+    const int64_t stride = (int64_t)rows * (D + 2);
+    float mx = -FLT_MAX, sum = 0.f, y[MAXD] = {0};
+    for (int p = 0; p < pieces; p++) mx = part[p * stride + r] > mx ? part[p * stride + r] : mx;
+    for (int p = 0; p < pieces; p++) {
+        const float *m = part + p * stride, *acc = m + 2 * rows + (int64_t)r * D;
+        const float w = pieces == 1 ? 1.f : m[r] == -FLT_MAX ? 0.f : expf(m[r] - mx);
+        sum += w * m[rows + r];
+        for (int e = 0; e < D; e++) y[e] += w * acc[e];
+    }
+    const float inv = 1.f / sum;
+    for (int e = 0; e < D; e++) store_out(o, e, y[e] * inv, bf16);
+}
+
 /* Decoding sessions x KV heads x key splits ("items"): a long cache is split into pieces (split-K) that the
  * pool's threads claim, each piece gives a partial (m, l, acc) and the pieces are merged afterwards, as in
  * flash-decoding. */
@@ -307,25 +324,11 @@ static inline __attribute__((always_inline)) int run(int nseg, const seg_t *segs
     }
     const decode_job job = {segs, layer, kv_heads, G, D, nsplit, window, qs, part};
     pool_run(bf16 ? decode_item_bf16 : decode_item_f32, &job, items, threads);
-    /* merge the splits: weights exp(m_split - m) */
     for (int p = 0; p < pairs; p++) {
         const int i = p / kv_heads, h = p % kv_heads;
-        for (int g = 0; g < G; g++) {
-            float mx = -FLT_MAX, sum = 0.f, y[MAXD] = {0};
-            for (int sp = 0; sp < nsplit; sp++) {
-                const float mm = part[(int64_t)(p * nsplit + sp) * stride + g];
-                mx = mm > mx ? mm : mx;
-            }
-            for (int sp = 0; sp < nsplit; sp++) {
-                const float *m = part + (int64_t)(p * nsplit + sp) * stride, *l = m + G, *acc = l + G + g * D;
-                const float w = nsplit == 1 ? 1.f : m[g] == -FLT_MAX ? 0.f : expf(m[g] - mx); /* empty split */
-                sum += w * l[g];
-                for (int e = 0; e < D; e++) y[e] += w * acc[e];
-            }
-            char *o = (char *)out + ((int64_t)(h * G + g) * o_hs + segs[i].row * o_rs) * es;
-            const float inv = 1.f / sum;
-            for (int e = 0; e < D; e++) store_out(o, e, y[e] * inv, bf16);
-        }
+        for (int g = 0; g < G; g++)
+            merge_row(part + (int64_t)p * nsplit * stride, G, D, nsplit, g,
+                      (char *)out + ((int64_t)(h * G + g) * o_hs + segs[i].row * o_rs) * es, bf16);
     }
     free(qs);
     return 0;
@@ -443,25 +446,10 @@ static inline __attribute__((always_inline)) int chunk(const void *q, int64_t q_
             for (int e = 0; e < D; e++) qd[e] = to_f32(qr, e, bf16) * scale;
         }
     pool_run(bf16 ? chunk_item_bf16 : chunk_item_f32, &job, kv_heads * pieces * groups, threads);
-    /* merge the pieces: weights exp(m_piece - m) */
     for (int h = 0; h < kv_heads; h++)
-        for (int r = 0; r < R; r++) {
-            float mx = -FLT_MAX, sum = 0.f, y[MAXD] = {0};
-            for (int p = 0; p < pieces; p++) {
-                const float mm = job.part[(int64_t)(h * pieces + p) * R * (D + 2) + r];
-                mx = mm > mx ? mm : mx;
-            }
-            for (int p = 0; p < pieces; p++) {
-                const float *m = job.part + (int64_t)(h * pieces + p) * R * (D + 2), *acc = m + 2 * R + (int64_t)r * D;
-                const float w = pieces == 1 ? 1.f : m[r] == -FLT_MAX ? 0.f : expf(m[r] - mx); /* saw no key */
-                sum += w * m[R + r];
-                for (int e = 0; e < D; e++) y[e] += w * acc[e];
-            }
-            const int i = r / G, g = r % G;
-            char *o = (char *)out + ((int64_t)(h * G + g) * o_hs + (int64_t)i * o_rs) * es;
-            const float inv = 1.f / sum;
-            for (int e = 0; e < D; e++) store_out(o, e, y[e] * inv, bf16);
-        }
+        for (int r = 0; r < R; r++)
+            merge_row(job.part + (int64_t)h * pieces * R * (D + 2), R, D, pieces, r,
+                      (char *)out + ((int64_t)(h * G + r % G) * o_hs + (int64_t)(r / G) * o_rs) * es, bf16);
     free(qs);
     return 0;
 }

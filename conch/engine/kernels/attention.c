@@ -21,9 +21,7 @@
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
-#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 

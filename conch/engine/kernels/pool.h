@@ -23,7 +23,6 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <errno.h>
 #include <immintrin.h>
 #include <linux/futex.h>
 #include <pthread.h>

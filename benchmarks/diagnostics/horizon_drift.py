@@ -4,7 +4,7 @@
 ran faster at the start of a run (boost, a quiet neighbour) than over the next 25 seconds, that figure would be
 low and the ratio 300/30 high. This runs a separate 30-turn conversation (same plan, same seed) right before and
 right after each 300-turn one and prints the three 30-turn times side by side with both ratios: without drift,
-the three agree to within the VM's noise.
+the three agree to within the VM's noise. Same engine, plan and seed as the benchmark's defaults.
 
     python benchmarks/diagnostics/horizon_drift.py [--rounds 3] [--model DIR]
 """
@@ -14,37 +14,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import time
-
-
-async def conversation(engine, system: list[int], turns: list[tuple[list[int], int]]) -> list[float]:
-    """Seconds at turns 30, 100 and 300 (those the conversation reaches) of one fresh session."""
-    from conch.engine.base import SamplingParams
-
-    sid = await engine.open_session(system)
-    start, marks = time.perf_counter(), []
-    for i, (obs, n) in enumerate(turns, start=1):
-        await engine.generate(sid, obs, SamplingParams(temperature=1.0, max_new_tokens=n, seed=0))
-        if i in (30, 100, 300):
-            marks.append(round(time.perf_counter() - start, 3))
-    await engine.close_session(sid)
-    return marks
 
 
 async def main(rounds: int, model: str | None) -> None:
     from conch.bench.engine import random_ids
-    from conch.bench.horizon import plan
+    from conch.bench.horizon import plan, reuse_run
     from conch.engine.hf import HFEngine
     from conch.model.init import cached_model
 
     engine = HFEngine(model or cached_model("tiny"))
     vocab = engine.model.config.vocab_size
     turns, system = plan(300, 0, vocab), random_ids(64, vocab, 7)
-    await conversation(engine, system, turns[:3])  # warm-up, as the benchmark does
+    await reuse_run(engine, system, turns[:3], [], 0)  # warm-up, as the benchmark does
     for _ in range(rounds):
-        before = (await conversation(engine, system, turns[:30]))[0]
-        long = await conversation(engine, system, turns)
-        after = (await conversation(engine, system, turns[:30]))[0]
+        before = (await reuse_run(engine, system, turns[:30], [30], 0))[0]
+        long = await reuse_run(engine, system, turns, [30, 100, 300], 0)
+        after = (await reuse_run(engine, system, turns[:30], [30], 0))[0]
         print(json.dumps({"30_before": before, "30_in_300": long[0], "30_after": after, "300": long[2],
                           "ratio_in_run": round(long[2] / long[0], 2),
                           "ratio_separate_30": round(long[2] / ((before + after) / 2), 2)}), flush=True)

@@ -20,26 +20,43 @@ class ConfigError(ValueError):
     """A bad config file, key or value; the message names where."""
 
 
-def opt(default: Any, doc: str) -> Any:
+def opt(default: Any, doc: str, *, choices: tuple | None = None, ge: float | None = None,
+        gt: float | None = None, le: float | None = None, lt: float | None = None) -> Any:
+    """A documented config field; `choices` and the bounds are checked whenever a value is set."""
+    meta = {"doc": doc, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc})
-    return field(default=default, metadata={"doc": doc})
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def check_value(meta: Any, val: Any, name: str) -> None:
+    """Raise ConfigError when `val` breaks the constraints declared on its field."""
+    choices = meta.get("choices")
+    if choices and val not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(map(str, choices))}, got {val!r}")
+    if not isinstance(val, (int, float)) or isinstance(val, bool):
+        return
+    for key, ok, word in (("ge", lambda a, b: a >= b, ">="), ("gt", lambda a, b: a > b, ">"),
+                          ("le", lambda a, b: a <= b, "<="), ("lt", lambda a, b: a < b, "<")):
+        bound = meta.get(key)
+        if bound is not None and not ok(val, bound):
+            raise ConfigError(f"{name} must be {word} {bound}, got {val!r}")
 
 
 @dataclass
 class CorpusConfig:
     train_tasks: str = opt("", "folder of training tasks; empty: synthesize the train split into RUNDIR/corpus")
     eval_tasks: str = opt("", "folder of evaluation tasks; empty: synthesize new seeds of the training families")
-    n_train: int = opt(150, "synthesized training tasks, each with an expert trajectory (the SFT data)")
+    n_train: int = opt(150, "synthesized training tasks, each with an expert trajectory (the SFT data)", ge=0)
     n_rl: int = opt(400, "extra synthesized tasks of the training families without expert trajectories: the PPO "
                        "pool (0: PPO trains on the training tasks). RL needs only a verifier, so its pool can be "
-                       "larger than the demonstrations, and PPO overfits less than on the demonstrated tasks")
+                       "larger than the demonstrations, and PPO overfits less than on the demonstrated tasks", ge=0)
     mistake_rate: float = opt(0.5, "share of expert demonstrations that show the family's typical mistake (a real "
                                    "run that passes some tests but not all) instead of the reference solution: an "
                                    "imperfect expert, as real ones are, so SFT imitates a mix and PPO must find from "
-                                   "the verifier which way passes (0: a perfect expert)")
-    n_eval: int = opt(60, "synthesized evaluation tasks (train families, seeds never trained on)")
-    n_heldout: int = opt(10, "synthesized tasks of the heldout families (transfer to unseen kinds of task)")
+                                   "the verifier which way passes (0: a perfect expert)", ge=0.0, le=1.0)
+    n_eval: int = opt(60, "synthesized evaluation tasks (train families, seeds never trained on)", ge=0)
+    n_heldout: int = opt(10, "synthesized tasks of the heldout families (transfer to unseen kinds of task)", ge=0)
     families: list = opt(["make-dirs", "count-lines", "count-files", "copy-files", "remove-files"],
                           "train families to synthesize (default: the starter families sized for the tiny demo model; "
                           "empty: every family of the train split)")
@@ -49,99 +66,106 @@ class CorpusConfig:
 @dataclass
 class ModelConfig:
     path: str = opt("", "HF checkpoint folder; empty: initialise the embedded tiny Qwen3-MoE")
-    size: str = opt("tiny", "size of the initialised model when path is empty: tiny or small")
-    sampler_dtype: str = opt("float32", "engine dtype (float32 or bfloat16); bfloat16 reproduces the inference gap")
-    trainer_dtype: str = opt("float32", "trainer dtype")
+    size: str = opt("tiny", "size of the initialised model when path is empty: tiny or small",
+                     choices=("tiny", "small"))
+    sampler_dtype: str = opt("float32", "engine dtype (float32 or bfloat16); bfloat16 reproduces the inference gap",
+                              choices=("float32", "bfloat16"))
+    trainer_dtype: str = opt("float32", "trainer dtype", choices=("float32", "bfloat16"))
 
 
 @dataclass
 class AgentLoopConfig:
-    max_turns: int = opt(4, "assistant turns per episode")
-    max_new_tokens: int = opt(64, "tokens per assistant turn")
-    max_context: int = opt(2048, "context limit in tokens")
-    obs_token_budget: int = opt(256, "observation tokens kept per command (head and tail)")
-    command_timeout: float = opt(30.0, "seconds per command")
-    temperature: float = opt(1.0, "sampling temperature for training rollouts")
-    top_p: float = opt(1.0, "nucleus sampling for training rollouts")
-    mode: str = opt("tito", "tito (exact sampled ids) or retokenize (naive loop, for comparison)")
+    max_turns: int = opt(4, "assistant turns per episode", ge=1)
+    max_new_tokens: int = opt(64, "tokens per assistant turn", ge=1)
+    max_context: int = opt(2048, "context limit in tokens", ge=16)
+    obs_token_budget: int = opt(256, "observation tokens kept per command (head and tail)", ge=1)
+    command_timeout: float = opt(30.0, "seconds per command", gt=0)
+    temperature: float = opt(1.0, "sampling temperature for training rollouts", ge=0.0)
+    top_p: float = opt(1.0, "nucleus sampling for training rollouts", gt=0.0, le=1.0)
+    mode: str = opt("tito", "tito (exact sampled ids) or retokenize (naive loop, for comparison)",
+                     choices=("tito", "retokenize"))
 
 
 @dataclass
 class SFTConfig:
     demos: int = opt(0, "expert trajectories the warm start learns from, balanced over families (0: one per "
-                        "training task); PPO's task pool is unaffected")
+                        "training task); PPO's task pool is unaffected", ge=0)
     steps: int = opt(600, "optimizer steps of the warm start at most; it normally ends earlier, at the plateau "
-                          "of its validation loss (see patience and lr_cuts)")
-    lr: float = opt(4e-3, "peak learning rate, reached after a linear warm-up of min(20, steps / 10) steps")
-    batch_size: int = opt(8, "trajectories per step")
-    val_fraction: float = opt(0.1, "share of expert trajectories held out for the validation-loss curve")
-    eval_every: int = opt(20, "steps between validation-loss measurements")
+                          "of its validation loss (see patience and lr_cuts)", ge=0)
+    lr: float = opt(4e-3, "peak learning rate, reached after a linear warm-up of min(20, steps / 10) steps", gt=0.0)
+    batch_size: int = opt(8, "trajectories per step", ge=1)
+    val_fraction: float = opt(0.1, "share of expert trajectories held out for the validation-loss curve",
+                               ge=0.0, lt=1.0)
+    eval_every: int = opt(20, "steps between validation-loss measurements", ge=1)
     patience: int = opt(3, "validations without an improvement of the validation loss (by more than 0.001) that "
-                           "make a plateau")
+                           "make a plateau", ge=1)
     lr_cuts: int = opt(2, "plateaus at which the learning rate is cut (x0.3) and training goes on from the best "
-                          "weights; the next plateau ends the warm start, keeping the best weights")
+                          "weights; the next plateau ends the warm start, keeping the best weights", ge=0)
 
 
 @dataclass
 class CriticConfig:
-    iterations: int = opt(2, "critic warm-up iterations (rollouts of the frozen warm policy)")
-    lr: float = opt(1e-3, "critic learning rate")
-    epochs: int = opt(4, "passes over each batch of rollouts")
-    patience: int = opt(2, "stop when explained variance has not improved this many iterations")
+    iterations: int = opt(2, "critic warm-up iterations (rollouts of the frozen warm policy)", ge=0)
+    lr: float = opt(1e-3, "critic learning rate", gt=0.0)
+    epochs: int = opt(4, "passes over each batch of rollouts", ge=1)
+    patience: int = opt(2, "stop when explained variance has not improved this many iterations", ge=1)
 
 
 @dataclass
 class PPOConfig:
-    iterations: int = opt(16, "PPO iterations (the run stops earlier at run.time_budget_minutes)")
-    tasks_per_iter: int = opt(16, "tasks sampled per iteration")
-    n_per_task: int = opt(4, "rollouts per task (K)")
-    concurrency: int = opt(16, "trajectories in flight")
-    lr: float = opt(1e-4, "actor learning rate")
-    critic_lr: float = opt(1e-3, "critic learning rate")
-    epochs: int = opt(2, "optimisation passes over each batch")
-    micro_batch: int = opt(4, "trajectories per forward/backward")
-    grad_accum: int = opt(4, "micro-batches per optimizer step")
-    max_grad_norm: float = opt(1.0, "gradient clipping")
-    gamma: float = opt(1.0, "discount per sampled token")
-    lam: float = opt(1.0, "GAE lambda")
+    iterations: int = opt(16, "PPO iterations (the run stops earlier at run.time_budget_minutes)", ge=0)
+    tasks_per_iter: int = opt(16, "tasks sampled per iteration", ge=1)
+    n_per_task: int = opt(4, "rollouts per task (K)", ge=1)
+    concurrency: int = opt(16, "trajectories in flight", ge=1)
+    lr: float = opt(1e-4, "actor learning rate", gt=0.0)
+    critic_lr: float = opt(1e-3, "critic learning rate", gt=0.0)
+    epochs: int = opt(2, "optimisation passes over each batch", ge=1)
+    micro_batch: int = opt(4, "trajectories per forward/backward", ge=1)
+    grad_accum: int = opt(4, "micro-batches per optimizer step", ge=1)
+    max_grad_norm: float = opt(1.0, "gradient clipping", gt=0.0)
+    gamma: float = opt(1.0, "discount per sampled token", ge=0.0, le=1.0)
+    lam: float = opt(1.0, "GAE lambda", ge=0.0, le=1.0)
     loss_agg: str = opt("token-mean", "loss aggregation: token-mean (every sampled token weighs the same) or "
-                                      "seq-mean-token-mean (every trajectory weighs the same)")
+                                      "seq-mean-token-mean (every trajectory weighs the same)",
+                        choices=("token-mean", "seq-mean-token-mean"))
     group_baseline: bool = opt(True, "subtract each task's mean reward over its K rollouts before GAE (variance "
                                       "reduction while the critic is young)")
-    clip_low: float = opt(0.2, "policy ratio clip below 1")
-    clip_high: float = opt(0.28, "policy ratio clip above 1 (asymmetric clip)")
-    dual_clip: float = opt(3.0, "dual-clip bound for negative advantages (0: off)")
-    value_clip: float = opt(0.5, "value clip around old values (0: off)")
-    kl_coef: float = opt(0.0, "KL penalty to the warm policy (0: off)")
-    entropy_coef: float = opt(0.0, "entropy bonus")
-    tis_cap: float = opt(2.0, "truncated importance-sampling cap for the train/inference gap (0: off)")
+    clip_low: float = opt(0.2, "policy ratio clip below 1", gt=0.0, lt=1.0)
+    clip_high: float = opt(0.28, "policy ratio clip above 1 (asymmetric clip)", gt=0.0)
+    dual_clip: float = opt(3.0, "dual-clip bound for negative advantages (0: off)", ge=0.0)
+    value_clip: float = opt(0.5, "value clip around old values (0: off)", ge=0.0)
+    kl_coef: float = opt(0.0, "KL penalty to the warm policy (0: off)", ge=0.0)
+    entropy_coef: float = opt(0.0, "entropy bonus", ge=0.0)
+    tis_cap: float = opt(2.0, "truncated importance-sampling cap for the train/inference gap (0: off)", ge=0.0)
     routing_replay: bool = opt(True, "R3: replay the sampler's expert choices in the trainer (MoE models only)")
-    eval_every: int = opt(0, "iterations between evaluations (0: only the final one)")
-    checkpoint_every: int = opt(1, "iterations between checkpoints")
-    keep_checkpoints: int = opt(2, "checkpoints kept")
+    eval_every: int = opt(0, "iterations between evaluations (0: only the final one)", ge=0)
+    checkpoint_every: int = opt(1, "iterations between checkpoints", ge=1)
+    keep_checkpoints: int = opt(2, "checkpoints kept", ge=1)
 
 
 @dataclass
 class RewardConfig:
-    mode: str = opt("count", "count (passing tests), fraction, binary, or progress (turn-level deltas)")
-    verify_every: int = opt(4, "progress mode: run the verifier every k turns")
+    mode: str = opt("count", "count (passing tests), fraction, binary, or progress (turn-level deltas)",
+                     choices=("count", "fraction", "binary", "progress"))
+    verify_every: int = opt(4, "progress mode: run the verifier every k turns", ge=1)
 
 
 @dataclass
 class EvalConfig:
-    n_per_task: int = opt(4, "samples per evaluation task")
-    temperature: float = opt(1.0, "evaluation sampling temperature (1: the policy's own distribution, as trained; 0: greedy)")
+    n_per_task: int = opt(4, "samples per evaluation task", ge=1)
+    temperature: float = opt(1.0, "evaluation sampling temperature (1: the policy's own distribution, as "
+                                    "trained; 0: greedy)", ge=0.0)
 
 
 @dataclass
 class RunConfig:
     seed: int = opt(0, "global seed")
-    sandbox: str = opt("local", "sandbox backend: local or docker")
-    jobs: int = opt(2, "sandboxes at once for corpus validation")
+    sandbox: str = opt("local", "sandbox backend: local or docker", choices=("local", "docker"))
+    jobs: int = opt(2, "sandboxes at once for corpus validation", ge=1)
     tensorboard: bool = opt(False, "also log to TensorBoard (needs the tensorboard package)")
     wandb: bool = opt(False, "also log to Weights & Biases (needs wandb)")
     time_budget_minutes: float = opt(16.0, "stop PPO early once the run has taken this many minutes, then evaluate "
-                                           "and summarise (0: no limit)")
+                                           "and summarise (0: no limit)", ge=0.0)
 
 
 @dataclass
@@ -160,14 +184,6 @@ class Config:
         return dataclasses.asdict(self)
 
 
-CHOICES = {
-    ("model", "size"): ("tiny", "small"),
-    ("model", "sampler_dtype"): ("float32", "bfloat16"),
-    ("model", "trainer_dtype"): ("float32", "bfloat16"),
-    ("agent", "mode"): ("tito", "retokenize"),
-    ("reward", "mode"): ("count", "fraction", "binary", "progress"),
-    ("run", "sandbox"): ("local", "docker"),
-}
 
 
 def _coerce(value: Any, typ: Any, where: str) -> Any:
@@ -217,16 +233,24 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
 def _set(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
     sections = {f.name: f for f in dataclasses.fields(cfg)}
     if section not in sections:
-        raise ConfigError(f"{where}: unknown section [{section}]; sections: {', '.join(sections)}")
+        raise ConfigError(f"{where}: unknown section [{section}]{_did_you_mean(section, sections)}; "
+                          f"sections: {', '.join(sections)}")
     sec = getattr(cfg, section)
     hints = typing.get_type_hints(type(sec))
     if key not in hints:
-        raise ConfigError(f"{where}: unknown key {section}.{key}; keys of [{section}]: {', '.join(hints)}")
+        raise ConfigError(f"{where}: unknown key {section}.{key}{_did_you_mean(key, hints)}; "
+                          f"keys of [{section}]: {', '.join(hints)}")
     val = _coerce(value, hints[key], f"{where}: {section}.{key}")
-    allowed = CHOICES.get((section, key))
-    if allowed and val not in allowed:
-        raise ConfigError(f"{where}: {section}.{key} must be one of {', '.join(allowed)}, got {val!r}")
+    meta = {f.name: f.metadata for f in dataclasses.fields(sec)}[key]
+    check_value(meta, val, f"{where}: {section}.{key}")
     setattr(sec, key, val)
+
+
+def _did_you_mean(word: str, options: Any) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:

@@ -60,3 +60,18 @@ def test_unknown_family_fails_at_config_time():
 
     with pytest.raises(ConfigError, match="corpus.families: unknown families nope"):
         check_config(load_config(None, ["corpus.families=count-lines,nope"]))
+
+
+def test_constraints_live_on_the_fields():
+    for override, words in (("ppo.lr=-1", "ppo.lr must be > 0.0"), ("corpus.mistake_rate=1.5", "<= 1.0"),
+                            ("ppo.loss_agg=sum", "must be one of token-mean"), ("agent.top_p=0", "> 0.0")):
+        with pytest.raises(ConfigError, match=words):
+            load_config(overrides=[override])
+    assert load_config(overrides=["ppo.lr=3e-5"]).ppo.lr == 3e-5
+
+
+def test_unknown_keys_get_a_suggestion():
+    with pytest.raises(ConfigError, match=r"did you mean ppo\?"):
+        load_config(overrides=["ppp.lr=1"])
+    with pytest.raises(ConfigError, match=r"did you mean n_per_task\?"):
+        load_config(overrides=["ppo.n_per_tsk=2"])

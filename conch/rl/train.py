@@ -58,14 +58,6 @@ def check_config(cfg: Config) -> None:
         if not experts:
             raise ConfigError(f"ppo.routing_replay = true, but the model at {cfg.model.path} has no MoE layers "
                               f"(no num_experts in config.json); set ppo.routing_replay = false")
-    from conch.rl.losses import AGG_MODES
-
-    if cfg.ppo.loss_agg not in AGG_MODES:
-        raise ConfigError(f"ppo.loss_agg = {cfg.ppo.loss_agg!r}; choose one of {', '.join(AGG_MODES)}")
-    if cfg.ppo.micro_batch < 1 or cfg.ppo.grad_accum < 1 or cfg.ppo.n_per_task < 1:
-        raise ConfigError("ppo.micro_batch, ppo.grad_accum and ppo.n_per_task must be at least 1")
-    if not 0.0 <= cfg.corpus.mistake_rate <= 1.0:
-        raise ConfigError(f"corpus.mistake_rate = {cfg.corpus.mistake_rate}; it is a share, between 0 and 1")
     if not cfg.corpus.train_tasks:
         from conch.tasks.synth import select_families
 

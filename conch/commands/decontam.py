@@ -1,9 +1,13 @@
 """`conch decontam DIR --against REF_DIR`: find tasks that are near-copies of reference (benchmark) tasks.
 
-Each task's instruction (and its test files) is scored against every reference instruction with word 8- and
-13-gram containment, MinHash/LSH candidate search and a word-level fuzzy ratio; see conch/tasks/decontam.py.
-The score is in [0, 1]; tasks scoring at or above --threshold (default 0.5) are flagged. Exit status: 0 when
-nothing is flagged (or every flagged task was removed with --drop), 1 when flagged tasks remain.
+Each task is scored against every reference: copies by word 8-/13-gram containment (instruction and test
+files) and a word-level fuzzy ratio; paraphrases by the share of the reference's concrete artifacts (paths,
+file names, URLs, versions, identifiers, expected output strings, Docker image) found in the task, combined
+with a TF-IDF content-word similarity; copied test/solution files by identical content. See
+conch/tasks/decontam.py. The score is in [0, 1]; tasks scoring at or above --threshold (default 0.5) are
+flagged, and each row says why: the deciding signal and what the task shares with its nearest reference.
+Exit status: 0 when nothing is flagged (or every flagged task was removed with --drop), 1 when flagged tasks
+remain.
 """
 
 from __future__ import annotations
@@ -21,10 +25,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dir", type=Path, help="folder of tasks to check (Harbor, TB1, or bare instruction.md)")
     p.add_argument("--against", type=Path, required=True, help="folder of reference tasks")
     p.add_argument("--threshold", type=float, default=None, help="flag at or above this score (default 0.5)")
-    p.add_argument("--json", action="store_true", help="print a JSON array of {task, nearest, score, flagged}")
+    p.add_argument("--json", action="store_true", help="print a JSON array of {task, nearest, score, flagged, why}")
     p.add_argument("--drop", action="store_true", help="delete the folders of flagged tasks")
     p.add_argument("--top", type=int, default=10, help="closest tasks listed in the text report (default 10)")
     p.set_defaults(func=run)
+
+
+def explain(why: dict) -> str:
+    """One line: the deciding signal, then the shared artifacts and identical files."""
+    parts = [f"{why.get('signal')}"]
+    if why.get("artifacts"):
+        more = why.get("n_shared_artifacts", 0) - len(why["artifacts"])
+        shown = [a if len(a) <= 40 else a[:37] + "..." for a in why["artifacts"]]
+        parts.append("shares " + ", ".join(shown) + (f" (+{more} more)" if more > 0 else ""))
+    if why.get("files"):
+        parts.append("identical files " + ", ".join(why["files"]))
+    return "; ".join(parts)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         for m in sorted(shown, key=lambda m: (-m.score, m.task)):
             detail = " ".join(f"{k}={v:.2f}" for k, v in m.detail.items())
             print(f"{m.score:6.3f}  {'YES' if m.flagged else '':<4}  {m.task:<40} {m.nearest}  ({detail})")
+            if m.flagged:
+                print(f"{'':14}why: {explain(m.why)}")
     print(f"decontam: {len(matches)} task(s) vs {args.against}: {len(flagged)} flagged at threshold {threshold}"
           f"{f', {dropped} dropped' if args.drop else ''} ({seconds:.1f}s)", file=sys.stderr)
     return 1 if len(flagged) > dropped else 0

@@ -72,7 +72,8 @@ def _file_key(name: str) -> tuple[str, float]:
     """A file name's key and weight: the basename, so `/app/out.txt` and `out.txt` are the same artifact."""
     base = name.rstrip("/").rsplit("/", 1)[-1]
     stem = base.split(".", 1)[0]
-    return base, (0.25 if stem in GENERIC_STEMS or len(stem) <= 1 else 1.0)
+    generic = stem in GENERIC_STEMS or len(stem) <= 1 or stem.startswith(("test_", "test-"))
+    return base, (0.25 if generic else 1.0)
 
 
 def extract_artifacts(text: str) -> dict[str, float]:

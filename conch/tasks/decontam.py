@@ -51,7 +51,7 @@ NGRAM_SIZES = (8, 13)
 SHINGLE = 3  # word shingles for MinHash
 NUM_PERM = 64
 FOREST_K = 5
-FUZZY_TOP = 5  # references ranked highest by the paraphrase signal also get the (pairwise) fuzzy ratio
+FUZZY_TOP = 5  # references ranked highest by paraphrase and by similarity also get the (pairwise) fuzzy ratio
 # The artifact share's denominator is at least this much weight (about one and a half artifacts that only one
 # reference has): a reference that names one or two concrete things cannot be matched by those alone.
 ART_FLOOR = 6.0
@@ -322,8 +322,10 @@ def score_docs(tasks: list[Doc], ref: Reference, threshold: float = DEFAULT_THRE
         own = {n: len(ngrams(task.tokens, n)) for n in NGRAM_SIZES}
         shared = ref.shared_artifacts(task)
         sim, art, para, files = ref.paraphrase_signals(task, shared)
-        # The best reference is among those: the top by paraphrase, any with identical files, n-gram or LSH hits.
-        top = np.argsort(-para, kind="stable")[:FUZZY_TOP] if len(ref.docs) else []
+        # The best reference is among these: the top by paraphrase and by similarity, any with identical files,
+        # n-gram or LSH hits.
+        top = [*np.argsort(-para, kind="stable")[:FUZZY_TOP], *np.argsort(-sim, kind="stable")[:FUZZY_TOP]] \
+            if ref.docs else []
         parts: dict[int, dict[str, float]] = {}
 
         def part(i: int) -> dict[str, float]:

@@ -1,4 +1,10 @@
-"""Decontamination: scores on controlled pairs, reworded benchmark instructions, the synth corpus, scale, CLI."""
+"""Decontamination: scores on controlled pairs, artifacts, identical files, reworded and paraphrased benchmark
+instructions, the synth corpus, scale, CLI.
+
+tests/data/decontam holds tasks written for these tests in our own words (never benchmark text):
+paraphrases/<reference>/ restate a Terminal-Bench 2 task (same files, paths, expected outputs), weak/<reference>/
+restate tasks whose reference names almost nothing concrete, unrelated/ are different tasks on the same topics.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +17,13 @@ from pathlib import Path
 import pytest
 
 from conch.cli import main
-from conch.tasks.decontam import DEFAULT_THRESHOLD, decontaminate, find_instructions
+from conch.tasks.artifacts import candidate_keys, docker_images, extract_artifacts
+from conch.tasks.decontam import DEFAULT_THRESHOLD, Reference, decontaminate, find_instructions, load_docs
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "terminal-bench-2"
 needs_reference = pytest.mark.skipif(not REFERENCE.is_dir(), reason=f"{REFERENCE} not present (no ../shared)")
+DATA = Path(__file__).resolve().parent / "data" / "decontam"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "tasks"
 
 VOCAB = ("file directory server process archive config value output input parse write read sort count line "
          "record field table column json csv log error request response token cache index query build compile "
@@ -102,7 +111,8 @@ def test_default_synth_corpus_is_clean_against_reference(tmp_path):
     assert len(matches) == 2000
     worst = max(matches, key=lambda m: m.score)
     assert not any(m.flagged for m in matches), (worst.task, worst.nearest, worst.score, worst.detail)
-    assert worst.score < DEFAULT_THRESHOLD / 2, (worst.task, worst.nearest, worst.score)
+    # Margin: the corpus peaks near 0.32 (a shared generic file name); the paraphrases start above 0.6.
+    assert worst.score < 0.4, (worst.task, worst.nearest, worst.score, worst.detail)
 
 
 @pytest.mark.slow
@@ -156,7 +166,7 @@ def test_cli_json_threshold_and_drop(tmp_path, capsys):
     assert main(["decontam", str(tasks), "--against", str(refs), "--json"]) == 1  # flagged and kept
     rows = json.loads(capsys.readouterr().out)
     assert sorted(r["task"] for r in rows) == ["clean", "dirty"]
-    assert all(set(r) == {"task", "nearest", "score", "flagged"} for r in rows)
+    assert all(set(r) == {"task", "nearest", "score", "flagged", "why"} for r in rows)  # old keys kept
     dirty = next(r for r in rows if r["task"] == "dirty")
     assert dirty["nearest"] == "r2" and dirty["flagged"] is True
     # A threshold above the dirty task's score flags nothing.
@@ -165,3 +175,151 @@ def test_cli_json_threshold_and_drop(tmp_path, capsys):
     assert main(["decontam", str(tasks), "--against", str(refs), "--drop"]) == 0
     assert not (tasks / "dirty").exists() and (tasks / "clean").is_dir()
     assert main(["decontam", str(tasks), "--against", str(tmp_path / "missing")]) == 2
+
+
+# ---------------------------------------------------------------------------------------------- paraphrases
+
+
+def test_artifacts_are_the_concrete_things_a_task_names():
+    text = ("Write `/app/out/weekly_sales.json` from /app/data/input.csv, served by api.py on port 8080. Use numpy "
+            "1.26.4 and call `summarize_rows(path)` in class RowStats; print \"All rows valid\" and the value of "
+            "$HOME. Dates are YYYY-MM-DD. Output keys: \"total\", \"mean\". See https://example.org/spec.")
+    a = extract_artifacts(text)
+    # A file path is keyed by its basename (the same file with or without /app); a generic name counts little.
+    assert a["weekly_sales.json"] == 1.0 and a["api.py"] == 1.0 and a["input.csv"] == 0.25
+    assert "/app" not in a and "/app/out/weekly_sales.json" not in a
+    for key in ("1.26.4", "summarize_rows", "rowstats", "all rows valid", "$home", "yyyy-mm-dd", "total",
+                "https://example.org/spec", "8080"):
+        assert key in a, key
+    assert a["8080"] < 1.0 and a["total"] < 1.0  # a bare number, a quoted word: weak on their own
+    assert "numpy" not in a and "served" not in a  # plain words are for the similarity signal, not artifacts
+    # The cheap task-side keys contain every single-word artifact, however the other text writes it.
+    keys = candidate_keys("weekly_sales.json is built (by api.py) from /data/input.csv with numpy==1.26.4; "
+                          "summarize_rows, RowStats, $HOME, YYYY-MM-DD, https://example.org/spec: 8080, total and mean")
+    assert {k for k in a if " " not in k} <= keys
+
+
+def test_docker_image_read_from_task_toml_and_dockerfile(tmp_path):
+    (tmp_path / "environment").mkdir()
+    (tmp_path / "task.toml").write_text('[environment]\ndocker_image = "someone/my-task:20251031"\n')
+    (tmp_path / "environment" / "Dockerfile").write_text("FROM --platform=linux/amd64 python:3.13-slim AS build\n")
+    assert docker_images(tmp_path) == {"image:someone/my-task", "image:python"}
+
+
+def _refs_with_artifacts(root: Path) -> None:
+    write_task(root, "log-rollup", "Every night our collector drops files into /app/incoming named like "
+               "2024-01-31_web.log. Build the script /app/rollup.py which reads them all and writes "
+               "/app/rollup/daily_totals.csv with the header day,level,count for levels CRIT and NOTE, "
+               "and prints \"rollup complete\" when it is done. Use pandas 2.2.1 only.")
+    write_task(root, "cert-bundle", "Our staging proxy needs a certificate chain. Under /app/pki create "
+               "root_ca.key and root_ca.crt valid for 730 days, then issue edge-proxy.internal.test signed by "
+               "it, bundle both into /app/pki/chain.pem and record the SHA-256 fingerprint in "
+               "/app/pki/fingerprint.txt.")
+    rng = random.Random(11)
+    for i in range(8):
+        write_task(root, f"filler-{i}", prose(rng, 120))
+
+
+def test_paraphrase_is_flagged_by_artifacts_and_similarity_together(tmp_path):
+    refs, tasks = tmp_path / "refs", tmp_path / "tasks"
+    _refs_with_artifacts(refs)
+    write_task(tasks, "paraphrase", "Files show up in /app/incoming each night, e.g. 2024-01-31_web.log. "
+               "Produce /app/rollup.py: it should go over all of them and emit /app/rollup/daily_totals.csv "
+               "(columns day,level,count) counting the CRIT and NOTE lines, then say \"rollup complete\". "
+               "Only pandas 2.2.1 may be used.")
+    # Same artifacts, another job: a bare inventory that happens to name the same files.
+    write_task(tasks, "artifacts-only", "Make a tarball of /app/rollup.py and /app/incoming for the backup "
+               "robot; list daily_totals.csv in its manifest.")
+    # Same topic and words, none of the concrete things: a different log task.
+    write_task(tasks, "topic-only", "Every night the collector drops log files somewhere; build a script that "
+               "reads them all and counts the levels per day, printing a total when it is done.")
+    m = by_task(decontaminate(tasks, refs))
+    p = m["paraphrase"]
+    assert p.nearest == "log-rollup" and p.flagged, (p.score, p.detail)
+    assert p.why["signal"] == "paraphrase" and p.detail["paraphrase"] > max(p.detail["fuzzy"], p.detail.get("c8", 0))
+    assert {"/app/incoming", "rollup.py", "daily_totals.csv", "rollup complete"} <= set(p.why["artifacts"])
+    assert p.why["similarity"] == p.detail["similarity"] > 0.3
+    for name in ("artifacts-only", "topic-only"):
+        assert not m[name].flagged, (name, m[name].score, m[name].detail)
+    # Each negative is strong on one signal against log-rollup and weak on the other: the product keeps it out.
+    ref = Reference(load_docs(refs, reference=True))
+    i = [d.name for d in ref.docs].index("log-rollup")
+    signals = {d.name: ref.paraphrase_signals(d, ref.shared_artifacts(d)) for d in load_docs(tasks, reference=False)}
+    sim, art = signals["artifacts-only"][:2]
+    assert art[i] > 0.3 and sim[i] < 0.3, (art[i], sim[i])
+    sim, art = signals["topic-only"][:2]
+    assert sim[i] > 0.2 and art[i] < 0.1, (art[i], sim[i])
+
+
+def test_identical_reference_files_flag_a_task_whatever_its_words(tmp_path):
+    refs, tasks = tmp_path / "refs", tmp_path / "tasks"
+    _refs_with_artifacts(refs)
+    verifier = "\n".join(f"def test_case_{i}():\n    assert open('/app/rollup/daily_totals.csv').read().count"
+                         f"('CRIT') == {i * 7}\n" for i in range(6))
+    standard = "#!/bin/bash\n# the same runner in every task\nuvx -p 3.13 -w pytest==8.4.1 pytest /tests -rA\n"
+    for name in ("log-rollup", "cert-bundle"):
+        (refs / name / "tests").mkdir()
+        (refs / name / "tests" / "test.sh").write_text(standard)
+    (refs / "log-rollup" / "tests" / "test_outputs.py").write_text(verifier)
+    (refs / "log-rollup" / "task.toml").write_text('[environment]\ndocker_image = "bench/log-rollup:2025"\n')
+    write_task(tasks, "copied-verifier", prose(random.Random(4), 60),
+               tests="  " + verifier.replace("\n", "  \n"))  # whitespace changes do not hide a copy
+    write_task(tasks, "standard-runner-only", prose(random.Random(5), 60))
+    (tasks / "standard-runner-only" / "tests").mkdir()
+    (tasks / "standard-runner-only" / "tests" / "test.sh").write_text(standard)
+    m = by_task(decontaminate(tasks, refs))
+    c = m["copied-verifier"]
+    assert c.nearest == "log-rollup" and c.flagged and c.detail["files"] == 1.0, c.detail
+    assert c.why["signal"] == "files" and c.why["files"] == ["tests/test_outputs.py"]
+    # A file several references share (the standard runner) is no evidence.
+    assert not m["standard-runner-only"].flagged and "files" not in m["standard-runner-only"].detail
+
+
+def _paraphrase_dirs(kind: str) -> list[Path]:
+    return sorted(p for p in (DATA / kind).iterdir() if (p / "instruction.md").is_file())
+
+
+@needs_reference
+def test_paraphrases_of_terminal_bench_2_tasks_are_flagged():
+    """Paraphrases written for this test (own words; same task, files and expected outputs) of 31 TB2 tasks.
+
+    The word-copy signals alone scored 0.16-0.69 on them (3 flagged, 2 with the wrong nearest reference)."""
+    paraphrases = _paraphrase_dirs("paraphrases")
+    assert len(paraphrases) >= 20
+    m = by_task(decontaminate(DATA, REFERENCE))
+    for folder in paraphrases:
+        r = m[f"paraphrases/{folder.name}"]
+        assert r.nearest == folder.name, (r.task, r.nearest, r.detail)
+        assert r.flagged, (r.task, r.score, r.detail, r.why)
+        assert r.why["artifacts"] and r.why["signal"], r.why
+    # References naming at most two concrete things are found (right nearest) but not flagged on that alone.
+    for folder in _paraphrase_dirs("weak"):
+        assert m[f"weak/{folder.name}"].nearest == folder.name, m[f"weak/{folder.name}"]
+    # Different tasks on the same topics (a web server on 8080, a SQLite export, a regex, a key pair).
+    for folder in _paraphrase_dirs("unrelated"):
+        r = m[f"unrelated/{folder.name}"]
+        assert not r.flagged and r.score < 0.4, (r.task, r.nearest, r.score, r.detail)
+
+
+@needs_reference
+def test_examples_and_a_synth_sample_of_every_family_are_clean(tmp_path):
+    """A few hundred synthesized tasks (every family) and examples/tasks: nothing flagged, a wide margin."""
+    out = tmp_path / "corpus"
+    assert main(["synth", "--out", str(out), "--n", "240", "--seed", "3", "--no-validate"]) == 0
+    for root, n in ((out, 240), (EXAMPLES, None)):
+        matches = decontaminate(root, REFERENCE)
+        assert n is None or len(matches) == n
+        worst = max(matches, key=lambda m: m.score)
+        assert not worst.flagged and worst.score < 0.4, (worst.task, worst.nearest, worst.score, worst.detail)
+
+
+def test_cli_text_report_says_why(tmp_path, capsys):
+    refs, tasks = tmp_path / "refs", tmp_path / "tasks"
+    _refs_with_artifacts(refs)
+    write_task(tasks, "suspect", "Take the CRIT and NOTE counts per day from the 2024-01-31_web.log style files "
+               "in /app/incoming, write them with /app/rollup.py to /app/rollup/daily_totals.csv "
+               "(day,level,count) and finish by printing \"rollup complete\"; pandas 2.2.1 only.")
+    assert main(["decontam", str(tasks), "--against", str(refs)]) == 1
+    out = capsys.readouterr().out
+    why = next(line for line in out.splitlines() if "why:" in line)
+    assert "paraphrase" in why and "daily_totals.csv" in why and "/app/incoming" in why

@@ -43,8 +43,8 @@ want like get got let lets one two way ways e g ie eg etc""".split())
 _URL = re.compile(r"\bhttps?://[^\s`'\"<>)\]}]+")
 _PATH = re.compile(r"(?<![\w.:/])(?:~|\.{1,2})?/(?:[\w.@+\-]+/)*[\w.@+\-]*[A-Za-z][\w.@+\-]*")
 _FILE = re.compile(r"(?<![\w/.\-])[\w\-]+(?:\.[\w\-]+)*\.[A-Za-z][A-Za-z0-9]{0,5}\b")
-_VERSION = re.compile(r"(?<![\w.])v?\d+(?:\.\d+){1,3}(?![\w.])")
-_INT = re.compile(r"(?<![\w.\-])\d{2,}(?![\w.])")
+_VERSION = re.compile(r"(?<![\w.])v?\d+(?:\.\d+){1,3}(?!\w|\.\d)")
+_INT = re.compile(r"(?<![\w.\-])\d{2,}(?!\w|\.\d)")
 # Whole tokens mixing letters and digits: e2e4, mk4s, 8XD, Qwen2.5-1.5B-Instruct, org/model-v1.5.
 _MIXED = re.compile(r"(?<![\w./\-])(?=[\w./\-]*\d)(?=[\w./\-]*[A-Za-z])[A-Za-z0-9][\w.\-]*(?:/[\w.\-]+)?[A-Za-z0-9]")
 _DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
@@ -90,8 +90,14 @@ def extract_artifacts(text: str) -> dict[str, float]:
         if len(key) >= 2 and weight > out.get(key, 0.0):
             out[key] = weight
 
+    masked = text
     for rx, kind, weight in _PATTERNS:
-        for m in rx.finditer(text):
+        if kind in ("url", "path", "file"):  # whole names first; their pieces are not artifacts of their own
+            spans = list(rx.finditer(masked))
+            masked = rx.sub(lambda m: " " * len(m.group(0)), masked)
+        else:
+            spans = list(rx.finditer(masked))
+        for m in spans:
             s = m.group(1) if rx.groups else m.group(0)
             s = s.strip(_STRIP)
             if kind == "path":
@@ -124,11 +130,12 @@ def extract_artifacts(text: str) -> dict[str, float]:
 
 _CHUNK = re.compile(r"[\s\"'`()\[\]{}<>,;|]+")
 _SUBPART = re.compile(r"[=:@]+")
+_PIECES = re.compile(r"[^\w]+")
 
 
 def candidate_keys(text: str) -> set[str]:
     """Every string of `text` that could equal an artifact key of `extract_artifacts`, cheaply: the text's
-    chunks between spaces, quotes and brackets, stripped, with their basenames and `=`/`:`/`@` parts.
+    chunks between spaces, quotes and brackets, stripped, with their basenames, `=`/`:`/`@` parts and words.
 
     The task side only needs to know which *reference* artifacts it contains, so a superset of keys (most of
     them never matching) is enough, and a few string operations per word are ten times cheaper than running
@@ -140,6 +147,8 @@ def candidate_keys(text: str) -> set[str]:
         if len(chunk) < 2:
             continue
         out.add(chunk)
+        if not chunk.isalnum():  # pieces: `weekly_sales` of weekly_sales.json, `home` of $HOME
+            out.update(_PIECES.split(chunk))
         if "=" in chunk or ":" in chunk or "@" in chunk:
             out.update(p.strip(_STRIP) for p in _SUBPART.split(chunk))
         if "/" in chunk:
@@ -165,7 +174,11 @@ def stem(word: str) -> str:
 
 
 def content_words(text: str) -> Counter:
-    """Stemmed content words with counts: what a TF-IDF cosine compares."""
+    """Stemmed content words with counts: what a TF-IDF cosine compares. URLs, paths and file names are left
+    out: they are the artifacts signal, and counting their words here too would let artifacts alone pass for
+    a paraphrase."""
+    for rx in (_URL, _PATH, _FILE):
+        text = rx.sub(" ", text)
     return Counter(stem(w) for w in _WORD.findall(text.lower()) if w not in STOP_WORDS)
 
 

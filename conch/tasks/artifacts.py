@@ -130,7 +130,7 @@ def extract_artifacts(text: str) -> dict[str, float]:
 
 _CHUNK = re.compile(r"[\s\"'`()\[\]{}<>,;|]+")
 _SUBPART = re.compile(r"[=:@]+")
-_PIECES = re.compile(r"[^\w]+")
+_PIECES = re.compile(r"\w{2,}")
 
 
 def candidate_keys(text: str) -> set[str]:
@@ -141,14 +141,13 @@ def candidate_keys(text: str) -> set[str]:
     them never matching) is enough, and a few string operations per word are ten times cheaper than running
     the extraction patterns over every test and solution file. Phrases are matched on words, not here.
     """
-    out: set[str] = set()
-    for chunk in set(_CHUNK.split(text.lower())):  # texts repeat their words: each distinct chunk once
+    low = text.lower()
+    out = set(_PIECES.findall(low))  # pieces: `weekly_sales` of weekly_sales.json, `home` of $HOME
+    for chunk in set(_CHUNK.split(low)):  # texts repeat their words: each distinct chunk once
         chunk = chunk.strip(_STRIP)
-        if len(chunk) < 2:
+        if len(chunk) < 2 or chunk in out:
             continue
         out.add(chunk)
-        if not chunk.isalnum():  # pieces: `weekly_sales` of weekly_sales.json, `home` of $HOME
-            out.update(_PIECES.split(chunk))
         if "=" in chunk or ":" in chunk or "@" in chunk:
             out.update(p.strip(_STRIP) for p in _SUBPART.split(chunk))
         if "/" in chunk:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import zlib
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -164,7 +165,8 @@ def make_doc(name: str, folder: Path, text: str, reference: bool, with_files: bo
     only the cheap superset of keys that could equal one (`candidate_keys`), since only shared keys count.
     """
     tests = _test_text(folder)
-    extra = tests + "\n" + _folder_text(folder, ("solution",))
+    solution = _folder_text(folder, ("solution",))
+    extra = tests + "\n" + solution
     if reference:
         artifacts = extract_artifacts(text)
         for key, weight in extract_artifacts(extra).items():
@@ -172,9 +174,10 @@ def make_doc(name: str, folder: Path, text: str, reference: bool, with_files: bo
     else:
         artifacts = dict.fromkeys(candidate_keys(text + "\n" + extra), 1.0)
     artifacts.update(dict.fromkeys(docker_images(folder), 1.0))
-    return Doc(name, folder, tokenize(text), [] if reference else tokenize(tests), content_words(text),
-               artifacts, file_fingerprints(folder) if with_files else {},
-               [] if reference else tokenize(text + "\n" + extra))
+    tokens, test_tokens = tokenize(text), [] if reference else tokenize(tests)
+    return Doc(name, folder, tokens, test_tokens, content_words(text), artifacts,
+               file_fingerprints(folder) if with_files else {},
+               [] if reference else [*tokens, "", *test_tokens, "", *tokenize(solution)])
 
 
 def load_docs(root: Path, reference: bool, with_files: bool = True) -> list[Doc]:
@@ -303,7 +306,9 @@ class Reference:
 
 
 def _hash32(s: str) -> int:
-    return hash(s) & 0xFFFFFFFF
+    """Stable across runs (Python's str hash is salted per process): the same corpus gets the same LSH
+    candidates, hence the same scores, every time."""
+    return zlib.crc32(s.encode())
 
 
 def minhashes(token_lists: list[list[str]]):

@@ -63,9 +63,11 @@ _IMAGE = re.compile(r"(?m)^\s*docker_image\s*=\s*[\"']([^\"'\n]+)[\"']")
 _STRIP = ".,;:!?()[]{}<>'\"`*"
 
 # (pattern, kind, weight): the weight is how specific one such artifact is on its own.
+# URLs, paths and file names come first and are blanked out of the text: their pieces are not artifacts again.
 _PATTERNS = ((_URL, "url", 1.0), (_PATH, "path", 1.0), (_FILE, "file", 1.0), (_VERSION, "version", 1.0),
-             (_HEX, "hex", 1.0), (_SNAKE, "ident", 1.0), (_CAMEL, "ident", 1.0), (_DOLLAR, "ident", 1.0),
-             (_MIXED, "ident", 0.75), (_DATE, "version", 1.0), (_FORMAT, "ident", 1.0), (_CAPS, "caps", 0.5), (_INT, "number", 0.5), (_ASSIGN, "ident", 0.75))
+             (_DATE, "version", 1.0), (_HEX, "hex", 1.0), (_SNAKE, "ident", 1.0), (_CAMEL, "ident", 1.0),
+             (_DOLLAR, "ident", 1.0), (_FORMAT, "ident", 1.0), (_MIXED, "ident", 0.75), (_ASSIGN, "ident", 0.75),
+             (_CAPS, "caps", 0.5), (_INT, "number", 0.5))
 
 
 def _file_key(name: str) -> tuple[str, float]:
@@ -162,7 +164,8 @@ def candidate_keys(text: str) -> set[str]:
 
 
 def stem(word: str) -> str:
-    """A crude, fast stemmer: enough that 'sorted', 'sorting' and 'sorts' (or 'merge' and 'merged') meet (prefix of six letters)."""
+    """A crude, fast stemmer (suffix, final e, six-letter prefix): 'sorted', 'sorting' and 'sorts' meet, and
+    so do 'merge' and 'merged'."""
     for suffix in ("ing", "ed", "es", "s"):
         if word.endswith(suffix) and len(word) - len(suffix) >= 4:
             word = word[: -len(suffix)]

@@ -148,8 +148,11 @@ def _folder_text(folder: Path, subdirs: tuple[str, ...]) -> str:
         if not base.is_dir():
             continue
         for p in sorted(base.rglob("*")):
-            if p.is_file() and p.suffix in TEST_SUFFIXES and p.stat().st_size < 2_000_000:
-                parts.append(p.read_text(errors="replace"))
+            try:
+                if p.is_file() and p.suffix in TEST_SUFFIXES and p.stat().st_size < 2_000_000:
+                    parts.append(p.read_text(errors="replace"))
+            except OSError:  # an unreadable file must not stop the batch; it just adds no text
+                continue
     return "\n".join(parts)
 
 

@@ -332,8 +332,7 @@ def score_docs(tasks: list[Doc], ref: Reference, threshold: float = DEFAULT_THRE
         sim, art, para, files = ref.paraphrase_signals(task, shared)
         # The best reference is among these: the top by paraphrase and by similarity, any with identical files,
         # n-gram or LSH hits.
-        top = [*np.argsort(-para, kind="stable")[:FUZZY_TOP], *np.argsort(-sim, kind="stable")[:FUZZY_TOP]] \
-            if ref.docs else []
+        top = [i for signal in (para, sim) for i in np.argsort(-signal, kind="stable")[:FUZZY_TOP] if signal[i] > 0]
         parts: dict[int, dict[str, float]] = {}
 
         def part(i: int) -> dict[str, float]:

@@ -277,6 +277,22 @@ def test_identical_reference_files_flag_a_task_whatever_its_words(tmp_path):
     assert not m["standard-runner-only"].flagged and "files" not in m["standard-runner-only"].detail
 
 
+def test_reference_tests_and_solution_add_artifacts(tmp_path):
+    """What only the reference's tests or solution name (an output file, a port) is evidence too."""
+    refs, tasks = tmp_path / "refs", tmp_path / "tasks"
+    _refs_with_artifacts(refs)
+    write_task(refs, "terse", "Stand up the quote service described in the repository and keep it running.",
+               tests="import requests\n\ndef test_quote():\n    r = requests.get('http://127.0.0.1:7319/v2/quote')\n"
+                     "    assert r.json()['symbol'] == 'ZXQW'\n    assert open('/srv/quotes/ledger_snapshot.bin', 'rb')\n")
+    (refs / "terse" / "solution").mkdir()
+    (refs / "terse" / "solution" / "solve.sh").write_text("cd /srv/quotes && ./quoted --port 7319 --symbols ZXQW &\n")
+    write_task(tasks, "restated", "Start the quote service from the repo on port 7319 (endpoint /v2/quote, symbol "
+               "ZXQW) and leave it running; it keeps /srv/quotes/ledger_snapshot.bin up to date.")
+    m = by_task(decontaminate(tasks, refs))["restated"]
+    assert m.nearest == "terse" and m.flagged, (m.score, m.detail)
+    assert {"7319", "zxqw", "ledger_snapshot.bin", "/srv/quotes"} <= set(m.why["artifacts"]), m.why
+
+
 def _paraphrase_dirs(kind: str) -> list[Path]:
     return sorted(p for p in (DATA / kind).iterdir() if (p / "instruction.md").is_file())
 

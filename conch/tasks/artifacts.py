@@ -33,6 +33,12 @@ MIN_FILE_BYTES = 64  # shorter files (an empty __init__.py, a one-line script) a
 GENERIC_STEMS = frozenset("""output out outputs result results answer answers solution solutions data input
 inputs test tests main readme log logs config settings file files tmp temp app src index report summary notes
 run script setup requirements server client""".split())
+FILE_EXTENSIONS = frozenset("""txt csv tsv json jsonl yaml yml toml ini cfg conf env log md rst adoc tex bib html htm
+css xml svg py pyc ipynb c h cc cpp hpp cxx rs go js mjs ts jsx tsx java class jar kt scala rb php pl lua hs ml mli
+v lean r jl swift m f90 asm s o so a out elf exe dll wasm sh bash zsh fish ps1 bat sql db sqlite sqlite3 wal tar gz
+tgz zip 7z bz2 xz zst rar png jpg jpeg gif bmp tiff webp pdf mp4 mkv avi mov mp3 wav flac ogg iso img qcow2 vmdk
+ckpt pt pth onnx safetensors gguf bin npy npz pkl pickle parquet arrow feather h5 hdf5 bpe model vocab proto pem
+crt key csr pub der p12 gpg asc patch diff lock dockerfile gcode pov stl obj ply mtl cob cbl lisp scm el vim""".split())
 STOP_WORDS = frozenset("""a an the and or of to in on for with by at from as is are be been being was were it its
 this that these those you your we our i me my he she they them their there here which who whom what when where why
 how not no nor but if then than so such can could should would will shall may might must do does did done have
@@ -71,11 +77,14 @@ _PATTERNS = ((_URL, "url", 1.0), (_PATH, "path", 1.0), (_FILE, "file", 1.0), (_V
 
 
 def _file_key(name: str) -> tuple[str, float]:
-    """A file name's key and weight: the basename, so `/app/out.txt` and `out.txt` are the same artifact."""
+    """A file name's key and weight: the basename, so `/app/out.txt` and `out.txt` are the same artifact.
+
+    A name whose extension is no known file type (`requests.get`, `r.json` is fine) may be code: weight 0.5."""
     base = name.rstrip("/").rsplit("/", 1)[-1]
     stem = base.split(".", 1)[0]
     generic = stem in GENERIC_STEMS or len(stem) <= 1 or stem.startswith(("test_", "test-"))
-    return base, (0.25 if generic else 1.0)
+    known = base.rsplit(".", 1)[-1].lower() in FILE_EXTENSIONS
+    return base, (0.25 if generic else 1.0 if known else 0.5)
 
 
 def extract_artifacts(text: str) -> dict[str, float]:
@@ -159,7 +168,10 @@ def candidate_keys(text: str) -> set[str]:
                     continue
                 out.add(part)
                 out.add(part.rsplit("/", 1)[1])
-                out.add(part if part.startswith(("~", ".")) else "/" + part)
+                rooted = part if part.startswith(("~", ".")) else "/" + part
+                while "/" in rooted[1:]:  # the path and its folders: /srv/q/x.bin names /srv/q too
+                    out.add(rooted)
+                    rooted = rooted.rsplit("/", 1)[0]
     return out
 
 

@@ -29,7 +29,7 @@ score = max(containment8/13, tests containment, fuzzy, paraphrase, files), in [0
 score >= threshold. DEFAULT_THRESHOLD = 0.5. Measured (docs/decontam.md): 31 paraphrases of Terminal-Bench 2
 tasks written for tests/data/decontam score 0.57-0.88 (the copy signals alone: 0.09-0.69, 3 flagged), nearest
 reference right in every case; 2,000 synthesized tasks, examples/tasks and same-topic different tasks peak at
-0.32. A task's `why` says which signal decided and which artifacts and files it shares with the reference.
+0.34. A task's `why` says which signal decided and which artifacts and files it shares with the reference.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ class Doc:
     artifacts: dict[str, float] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # content hash -> relative path
     all_tokens: list[str] = field(default_factory=list)  # instruction, tests, solution: where phrases are sought
+    bonus: frozenset[str] = frozenset()  # artifacts that count when shared but not in the reference's total
 
 
 @dataclass(frozen=True)
@@ -170,17 +171,19 @@ def make_doc(name: str, folder: Path, text: str, reference: bool, with_files: bo
     tests = _test_text(folder)
     solution = _folder_text(folder, ("solution",))
     extra = tests + "\n" + solution
+    images = docker_images(folder)
     if reference:
         artifacts = extract_artifacts(text)
+        bonus = frozenset(images | (extract_artifacts(extra).keys() - artifacts.keys()))
         for key, weight in extract_artifacts(extra).items():
             artifacts[key] = max(weight, artifacts.get(key, 0.0))
     else:
-        artifacts = dict.fromkeys(candidate_keys(text + "\n" + extra), 1.0)
-    artifacts.update(dict.fromkeys(docker_images(folder), 1.0))
+        artifacts, bonus = dict.fromkeys(candidate_keys(text + "\n" + extra), 1.0), frozenset()
+    artifacts.update(dict.fromkeys(images, 1.0))
     tokens, test_tokens = tokenize(text), [] if reference else tokenize(tests)
     return Doc(name, folder, tokens, test_tokens, content_words(text), artifacts,
                file_fingerprints(folder) if with_files else {},
-               [] if reference else [*tokens, "", *test_tokens, "", *tokenize(solution)])
+               [] if reference else [*tokens, "", *test_tokens, "", *tokenize(solution)], bonus)
 
 
 def load_docs(root: Path, reference: bool, with_files: bool = True) -> list[Doc]:
@@ -223,8 +226,9 @@ class Reference:
                 self.word_matrix[self.word_row[w], i] = x
         art_df = Counter(a for d in self.docs for a in d.artifacts)
         # An artifact's weight: its specificity times its rarity among the references (IDF). A phrase (a key
-        # with a space) is sought as a word sequence. The image is a bonus, not in the total: a paraphrase
-        # without a task.toml or Dockerfile must not lose for it; an image several references use is no evidence.
+        # with a space) is sought as a word sequence. The image and what only the reference's tests and solution
+        # name are a bonus, not in the total: a paraphrase restates the instruction and must not lose for what
+        # it never saw. An image several references use is no evidence.
         self.art_index: dict[str, list[tuple[int, float]]] = {}
         self.phrases: list[tuple[str, str, str, int, float]] = []  # (first word, " words ", key, ref, weight)
         self.art_total = np.zeros(n)
@@ -236,7 +240,7 @@ class Reference:
                     self.phrases.append((words[0], f" {' '.join(words)} ", a, i, w))
                 elif not (a.startswith("image:") and art_df[a] > 1):
                     self.art_index.setdefault(a, []).append((i, w))
-                if not a.startswith("image:"):
+                if a not in d.bonus:
                     self.art_total[i] += w
         self.art_denominator = np.maximum(self.art_total, ART_FLOOR)
         file_df = Counter(h for d in self.docs for h in d.files)

@@ -26,7 +26,7 @@ the fuzzy ratio, yet it keeps what the task *is* (conch/tasks/artifacts.py):
   test.sh) are no evidence.
 
 score = max(containment8/13, tests containment, fuzzy, paraphrase, files), in [0, 1]; a task is flagged when
-score >= threshold. DEFAULT_THRESHOLD = 0.5. Measured (docs/decontam.md): 31 paraphrases of Terminal-Bench 2
+score >= threshold. DEFAULT_THRESHOLD = 0.5. Measured (docs/decontam.md): 38 paraphrases of Terminal-Bench 2
 tasks written for tests/data/decontam score 0.57-0.88 (the copy signals alone: 0.09-0.69, 3 flagged), nearest
 reference right in every case; 2,000 synthesized tasks, examples/tasks and same-topic different tasks peak at
 0.34. A task's `why` says which signal decided and which artifacts and files it shares with the reference.

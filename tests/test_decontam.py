@@ -282,10 +282,12 @@ def test_reference_tests_and_solution_add_artifacts(tmp_path):
     refs, tasks = tmp_path / "refs", tmp_path / "tasks"
     _refs_with_artifacts(refs)
     write_task(refs, "terse", "Stand up the quote service described in the repository and keep it running.",
-               tests="import requests\n\ndef test_quote():\n    r = requests.get('http://127.0.0.1:7319/v2/quote')\n"
-                     "    assert r.json()['symbol'] == 'ZXQW'\n    assert open('/srv/quotes/ledger_snapshot.bin', 'rb')\n")
+               tests="import requests\n\ndef test_quote():\n"
+                     "    r = requests.get('http://127.0.0.1:7319/v2/quote')\n"
+                     "    assert r.json()['symbol'] == 'ZXQW'\n"
+                     "    assert open('/srv/quotes/ledger_snapshot.bin', 'rb')\n")
     (refs / "terse" / "solution").mkdir()
-    (refs / "terse" / "solution" / "solve.sh").write_text("cd /srv/quotes && ./quoted --port 7319 --symbols ZXQW &\n")
+    (refs / "terse" / "solution" / "solve.sh").write_text("cd /srv/quotes && ./quoted --port 7319 -s ZXQW &\n")
     write_task(tasks, "restated", "Start the quote service from the repo on port 7319 (endpoint /v2/quote, symbol "
                "ZXQW) and leave it running; it keeps /srv/quotes/ledger_snapshot.bin up to date.")
     m = by_task(decontaminate(tasks, refs))["restated"]

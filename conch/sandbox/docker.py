@@ -36,6 +36,7 @@ from typing import Any
 from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec, ShellSession
 from conch.sandbox import docker_images as images
 from conch.sandbox.localbuild import safe_extract
+from conch.sandbox.readback import CapWriter
 from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell
 
 HOST_GRACE_S = 10.0  # host-side guard beyond a command's own timeout (the in-container `timeout` kills first)
@@ -381,14 +382,16 @@ class DockerSandbox:
         if not ok:
             raise SandboxError(f"sandbox {self.name}: copying {src} to {target} failed")
 
-    async def download(self, src: str, dest: Path) -> None:
+    async def download(self, src: str, dest: Path, max_bytes: int | None = None) -> None:
         import docker.errors
 
         api, container = self._require()
         target = src if src.startswith("/") else f"{self._workdir or '/'}/{src}"
         with tempfile.TemporaryFile() as spool:
             try:
-                await _call(_get_archive, api, container, target, spool)
+                sink = CapWriter(spool, max_bytes, f"download of {target}") if max_bytes is not None else spool
+                await _call(_get_archive, api, container, target, sink)
+                spool.seek(0)
             except docker.errors.NotFound as exc:
                 raise FileNotFoundError(f"sandbox {self.name}: {target} does not exist") from exc
             await _call(_extract_download, spool, PurePosixPath(target).name or ".", Path(dest))
@@ -412,9 +415,13 @@ def _tar_for_upload(src: Path, arcname: str) -> Any:
 
 def _get_archive(api: Any, container: str, path: str, spool: Any) -> None:
     stream, _stat = api.get_archive(container, path)
-    for chunk in stream:
-        spool.write(chunk)
-    spool.seek(0)
+    try:
+        for chunk in stream:
+            spool.write(chunk)
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
 
 
 def _extract_download(spool: Any, top: str, dest: Path) -> None:

@@ -34,6 +34,7 @@ from conch.sandbox.baseroot import RUNTIME_ENV
 from conch.sandbox.bwrap import (DEFAULT_PATH, BoxConfig, Cgroups, launcher_argv, proc_start_time, require_host,
                                  warn_once, write_id_maps)
 from conch.sandbox.localbuild import LocalImage, build_image, lookup, safe_extract
+from conch.sandbox.readback import CapWriter, ReadBackError
 from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell
 
 _INIT = ("echo ready; exec >/dev/null 2>&1 </dev/null; trap : TERM INT HUP QUIT USR1 USR2; "
@@ -316,7 +317,7 @@ class LocalSandbox:
         if proc.returncode != 0:
             raise SandboxError(f"upload {src} -> {dest} failed: {err.decode(errors='replace')[-1000:]}")
 
-    async def download(self, src: str, dest: Path) -> None:
+    async def download(self, src: str, dest: Path, max_bytes: int | None = None) -> None:
         dest = Path(dest)
         if not src.startswith("/"):
             src = f"{self._cwd.rstrip('/')}/{src}"
@@ -327,9 +328,16 @@ class LocalSandbox:
         with tempfile.TemporaryFile() as tmp:
             proc = await self.spawn(f"exec tar -C {_q(parent or '/')} -cf - -- {_q(name)}", cwd="/")
             assert proc.stdout is not None and proc.stderr is not None
-            err_task = asyncio.ensure_future(proc.stderr.read())
-            while chunk := await proc.stdout.read(1 << 20):
-                tmp.write(chunk)
+            err_task = asyncio.ensure_future(proc.stderr.read(64 * 1024))
+            sink = CapWriter(tmp, max_bytes, f"download of {src}") if max_bytes is not None else tmp
+            try:
+                while chunk := await proc.stdout.read(1 << 20):
+                    sink.write(chunk)
+            except ReadBackError:
+                os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+                err_task.cancel()
+                raise
             err = await err_task
             if await proc.wait() != 0:
                 raise SandboxError(f"download {src} failed: {err.decode(errors='replace')[-1000:]}")

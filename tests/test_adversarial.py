@@ -1,0 +1,170 @@
+"""Hostile episodes, on real sandboxes: what an agent optimised for reward may do must not hurt the host or the run.
+
+Each case asserts the three things a user relies on: the host is unaffected (no host file content in any
+output, conch's own memory bounded), the session or the batch goes on, and the error is clear. The suite runs on
+the `local` backend and, when an engine answers (always in CI), on `docker`.
+
+Runtime is kept modest: one batch of adversarial tasks through `conch check` per backend (its peak memory is
+measured with wait4), plus direct sandbox tests for the shell edge cases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conch.sandbox import make_sandbox
+from conch.sandbox.readback import ReadBackError, clip, read_bytes, walk_regular
+
+REPO = Path(__file__).resolve().parents[1]
+SECRET = "conch-host-secret-7f3a9c"  # written to a host file; must never appear in any output
+
+
+# ----------------------------------------------------------------------------------------- readback (pure)
+
+
+def test_readback_refuses_links_devices_fifos_and_big_files(tmp_path):
+    secret = tmp_path / "host-secret"
+    secret.write_text(SECRET)
+    box = tmp_path / "box"
+    (box / "sub").mkdir(parents=True)
+    (box / "ok.txt").write_text("1\n")
+    (box / "to-host").symlink_to(secret)
+    (box / "to-zero").symlink_to("/dev/zero")
+    (box / "linked-dir").symlink_to(tmp_path)
+    os.mkfifo(box / "fifo")
+    (box / "big").write_bytes(b"9" * 5000)
+    assert read_bytes(box, "ok.txt", 10) == b"1\n"
+    for name, words in (("to-host", "symbolic link"), ("to-zero", "symbolic link"), ("fifo", "not a regular"),
+                        ("linked-dir/host-secret", "not a plain folder")):
+        with pytest.raises(ReadBackError, match=words):
+            read_bytes(box, name, 1 << 20)
+    with pytest.raises(ReadBackError, match="over the 4 KiB read cap"):
+        read_bytes(box, "big", 4096)
+    with pytest.raises(ReadBackError):
+        read_bytes(box, "../host-secret", 1 << 20)
+    assert walk_regular(box) == ["big", "ok.txt"]
+    assert clip("x" * 500 + "\n", 20) == "x" * 19 + "…"
+    assert "\n" not in clip("a\nb")
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+
+def _docker_problem() -> str | None:
+    from conch.sandbox import docker_images as di
+
+    return di.engine_problem()
+
+
+@pytest.fixture(params=["local", "docker"])
+def backend(request, base_root):
+    if request.param == "docker" and (problem := _docker_problem()) is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {problem}")
+        pytest.skip(problem)
+    return request.param
+
+
+def make_task(root: Path, name: str, test_sh: str, solve_sh: str | None = None, commands: list[str] | None = None,
+              test_file: str | None = None, agent_timeout: float = 60, verifier_timeout: float = 60,
+              limits: str = "") -> Path:
+    d = root / name
+    (d / "environment").mkdir(parents=True)
+    (d / "tests").mkdir()
+    (d / "solution").mkdir()
+    (d / "task.toml").write_text(
+        f'version = "1.0"\n[agent]\ntimeout_sec = {agent_timeout}\n[verifier]\ntimeout_sec = {verifier_timeout}\n'
+        f"[environment]\n{limits}\n")
+    (d / "instruction.md").write_text(f"adversarial case {name}\n")
+    (d / "environment" / "Dockerfile").write_text("FROM debian:bookworm\nWORKDIR /app\n")
+    (d / "tests" / "test.sh").write_text(textwrap.dedent(test_sh))
+    (d / "tests" / "test_outputs.py").write_text(test_file or "def test_one():\n    assert True\n")
+    if commands is not None:
+        (d / "solution" / "commands.json").write_text(json.dumps(commands))
+    else:
+        (d / "solution" / "solve.sh").write_text(textwrap.dedent(solve_sh or "true\n"))
+    return d
+
+
+def conch_check(tasks_dir: Path, backend: str, jobs: int = 2, timeout: float = 900) -> tuple[dict, str, int]:
+    """({task: result}, stderr, peak RSS in KiB of the conch process) of `conch check --json` on `tasks_dir`."""
+    out_path = tasks_dir.parent / f"check-{backend}.json"
+    err_path = tasks_dir.parent / f"check-{backend}.err"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "conch", "check", str(tasks_dir), "--agent", "oracle",
+                                 "--sandbox", backend, "--jobs", str(jobs), "--json"],
+                                stdout=out, stderr=err, cwd=REPO)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)  # wait4: this child's own peak RSS
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    stderr = err_path.read_text(errors="replace")
+    assert proc.returncode == 0, stderr[-3000:]
+    results = {r["task"]: r for r in json.loads(out_path.read_text())}
+    return results, stderr, usage.ru_maxrss
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+# ----------------------------------------------------------------------------------------- verifier read-back
+
+CTRF_SH = "pytest --ctrf /logs/verifier/ctrf.json /tests/test_outputs.py -rA; "
+
+
+def _readback_tasks(root: Path, secret: Path) -> dict[str, str]:
+    """Tasks whose verifier leaves hostile result files; returns {task: what its error must say ('' = none)}."""
+    tasks = root / "tasks"
+    # A link toward a host file: the host must never open it (its content must appear nowhere).
+    make_task(tasks, "link-reward-to-host", f"ln -sf {secret} /logs/verifier/reward.txt\n")
+    make_task(tasks, "link-dir-to-host", f"mkdir -p /logs/verifier/x; ln -s {secret.parent} /logs/verifier/d; "
+                                          "ln -s d/host-secret /logs/verifier/reward.txt\n")
+    # A link toward a device: reading it would never end (the issue's 20 GiB); the test results still count.
+    make_task(tasks, "link-ctrf-to-zero", CTRF_SH + "rm -f /logs/verifier/ctrf.json; "
+                                          "ln -s /dev/zero /logs/verifier/ctrf.json; "
+                                          "ln -s /dev/zero /logs/verifier/out.log; echo 1 > /logs/verifier/reward.txt\n")
+    make_task(tasks, "fifo-reward", "mkfifo /logs/verifier/reward.txt\n")
+    # 300 MB of digits: over the download cap; the error names the cap and stays one short line.
+    make_task(tasks, "huge-reward", "head -c 300000000 /dev/zero | tr '\\0' 9 > /logs/verifier/reward.txt\n")
+    make_task(tasks, "big-reward", "head -c 100000 /dev/zero | tr '\\0' 9 > /logs/verifier/reward.txt\n")
+    # A huge CTRF file (over its cap) is ignored: the console summary still gives the results.
+    make_task(tasks, "huge-ctrf", "pytest /tests/test_outputs.py -rA; python3 -c \"import json; "
+              "json.dump({'results': {'tests': [{'name': 't%d' % i, 'status': 'failed', 'pad': 'x' * 400} "
+              "for i in range(100000)]}}, open('/logs/verifier/ctrf.json', 'w'))\"\n")
+    make_task(tasks, "malformed-junit", "pytest /tests/test_outputs.py -rA; "
+                                        "printf '<testsuite><testcase name=\"a\"' > /logs/verifier/junit.xml\n")
+    return {"link-reward-to-host": "symbolic link", "link-dir-to-host": "symbolic link",
+            "link-ctrf-to-zero": "", "fifo-reward": "not a regular file", "huge-reward": "download cap",
+            "big-reward": "64 KiB read cap", "huge-ctrf": "", "malformed-junit": ""}
+
+
+def test_verifier_results_are_read_safely(tmp_path, backend):
+    secret = tmp_path / "host" / "host-secret"
+    secret.parent.mkdir()
+    secret.write_text(SECRET + "\n")
+    expected = _readback_tasks(tmp_path, secret)
+    results, stderr, peak_kib = conch_check(tmp_path / "tasks", backend)
+    assert set(results) == set(expected)
+    assert SECRET not in json.dumps(results) and SECRET not in stderr
+    for name, words in expected.items():
+        r = results[name]
+        if words:
+            assert r["error"] and words in r["error"] and r["reward"] is None, r
+            assert len(r["error"]) < 400, r["error"]
+        else:
+            assert r["error"] is None and (r["n_passed"], r["n_total"]) == (1, 1), r
+    assert results["link-ctrf-to-zero"]["reward"] == 1.0
+    assert peak_kib < 1 << 20, f"conch check peaked at {peak_kib >> 10} MiB"

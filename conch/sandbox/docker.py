@@ -37,7 +37,7 @@ from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, San
 from conch.sandbox import docker_images as images
 from conch.sandbox.localbuild import safe_extract
 from conch.sandbox.readback import CapWriter
-from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell
+from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell, pidfd_wait
 
 HOST_GRACE_S = 10.0  # host-side guard beyond a command's own timeout (the in-container `timeout` kills first)
 
@@ -128,6 +128,16 @@ async def _exit_code(api: Any, exec_id: str, tries: int = 100) -> tuple[int | No
     return None, int(info.get("Pid") or 0)
 
 
+async def _exec_pid(api: Any, exec_id: str, tries: int = 20) -> int:
+    """Host pid of a started exec (the engine fills it in a moment after the start); 0 if not known."""
+    for _ in range(tries):
+        info = await _call(api.exec_inspect, exec_id)
+        if info.get("Pid") or not info.get("Running", True) and info.get("ExitCode") is not None:
+            return int(info.get("Pid") or 0)
+        await asyncio.sleep(0.005)
+    return 0
+
+
 @dataclass
 class _Finished:
     stdout: CappedBuffer
@@ -149,6 +159,8 @@ async def _run_once(api: Any, container: str, argv: list[str], timeout: float, c
     guard_hit = False
     try:
         writer.write_eof()  # no stdin
+        # When background children hold the output, the engine ends the stream (and reports the exit code)
+        # about 2 s after the command exited: the exit code is only known then, so that wait is kept.
         await asyncio.wait_for(_read_frames(reader, {1: out, 2: err}), timeout)
     except asyncio.TimeoutError:
         guard_hit = True
@@ -166,7 +178,10 @@ class DockerShellTransport:
     engine's frames, and `control` runs a short script beside the session as a one-shot exec.
 
     bash runs under `setsid -w`: plain `setsid` forks when started as a group leader (an exec is), the exec's
-    own process then exits, and the engine closes the streams two seconds later with bash still running."""
+    own process then exits, and the engine closes the streams two seconds later with bash still running. And
+    `setsid -w` reports a bash killed by a signal as "setsid: child N did not exit normally: No such file or
+    directory" with exit status 9. An exec's process already leads its own process group (the engine makes it
+    a session leader), which is all the interrupt ladder needs, so bash runs as the exec's process itself."""
 
     def __init__(self, api: Any, container: str, exec_id: str, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter) -> None:
@@ -180,7 +195,7 @@ class DockerShellTransport:
     @classmethod
     async def open(cls, api: Any, container: str, workdir: str | None = None,
                    env: dict[str, str] | None = None) -> "DockerShellTransport":
-        argv = [SHELL_ARGV[0], "-w", *SHELL_ARGV[1:]]
+        argv = list(SHELL_ARGV[1:])  # without `setsid`: see the class docstring
         created = await _call(api.exec_create, container, argv, stdin=True, workdir=workdir or None,
                                           environment=env or None)
         reader, writer = await _hijack(api, created["Id"])
@@ -196,6 +211,12 @@ class DockerShellTransport:
     async def control(self, script: str) -> None:
         await _run_once(self._api, self._container, ["bash", "-c", script], timeout=10.0)
 
+    async def wait_exit(self) -> None:
+        """Returns when bash exits (seen through its host pid with a local engine; else when the stream ends)."""
+        pid = await _exec_pid(self._api, self._exec_id) if _engine_is_local(self._api) else 0
+        if not (pid and await pidfd_wait(pid)):
+            await asyncio.shield(self._pump)
+
     async def terminate(self) -> int | None:
         if not self._pump.done():
             if self.box_pid:
@@ -210,6 +231,11 @@ class DockerShellTransport:
                 self._pump.cancel()
         code, _pid = await _exit_code(self._api, self._exec_id, tries=10)
         return code
+
+
+def _engine_is_local(api: Any) -> bool:
+    """True when the engine is reached over a unix socket: its process ids are this host's."""
+    return str(getattr(api, "base_url", "")).startswith("http+docker://")
 
 
 def _kill_host_pid(pid: int) -> None:

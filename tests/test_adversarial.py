@@ -168,3 +168,80 @@ def test_verifier_results_are_read_safely(tmp_path, backend):
             assert r["error"] is None and (r["n_passed"], r["n_total"]) == (1, 1), r
     assert results["link-ctrf-to-zero"]["reward"] == 1.0
     assert peak_kib < 1 << 20, f"conch check peaked at {peak_kib >> 10} MiB"
+
+
+# ----------------------------------------------------------------------------------------- processes
+
+
+async def _in_box(backend: str, body):
+    from conch.sandbox import SandboxSpec
+
+    box = make_sandbox(backend, SandboxSpec(name="adversarial"))
+    await box.start()
+    try:
+        return await body(box)
+    finally:
+        await box.stop()
+
+
+def test_exec_returns_when_its_command_exits(backend):
+    """Background children holding the output pipes must not turn a finished command into a timeout."""
+    async def body(box):
+        r = await box.exec("sleep 300 & echo hi", timeout=30)
+        assert (r.stdout.strip(), r.exit_code, r.timed_out) == ("hi", 0, False), r
+        r = await box.exec("(sleep 300; echo late) & echo a; exit 3", timeout=30)
+        assert (r.stdout.strip(), r.exit_code, r.timed_out) == ("a", 3, False), r
+        r = await box.exec("ps -eo args | grep -c '^sleep 300'", timeout=30)
+        assert r.stdout.strip() == "2"  # the background jobs live on in the box, as a server would
+    run(_in_box(backend, body))
+
+
+def test_persistent_shell_notices_its_own_exit(backend):
+    async def body(box):
+        for command, status in (("exit 7", 7), ("kill -9 $$", 137)):
+            sh = await box.shell()
+            r = await sh.run("sleep 300 & echo started", timeout=30)
+            assert r.stdout.strip() == "started"
+            r = await sh.run(command, timeout=60)
+            assert (r.exit_code, r.timed_out) == (status, False), r
+            assert "setsid" not in r.stderr and not sh.alive
+            with pytest.raises(Exception, match=f"shell exited with status {status}"):
+                await sh.run("echo again")
+            await sh.close()
+        sh = await box.shell()  # a new session opens in the same box
+        assert (await sh.run("echo fresh")).stdout.strip() == "fresh"
+        await sh.close()
+    run(_in_box(backend, body))
+
+
+def test_persistent_shell_survives_exec_redirections(backend):
+    async def body(box):
+        sh = await box.shell()
+        steps = [("exec >/dev/null", "", ""), ("echo gone; echo kept >&2", "", "kept"),
+                 ("exec >/tmp/log 2>&1", "", ""), ("echo x; ls /nonexistent-path", "", ""),
+                 ("exec >/dev/tty 2>/dev/tty || exec >&- 2>&-", None, None),
+                 ("exec 2>&-", "", ""), ("echo alive", None, None), ("exit 0", None, None)]
+        for command, out, err in steps:
+            r = await sh.run(command, timeout=30)
+            assert not r.timed_out, (command, r)
+            if out is not None:
+                assert (r.stdout.strip(), r.stderr.strip()) == (out, err), (command, r)
+        assert r.exit_code == 0 and not sh.alive
+        await sh.close()
+        r = await box.exec("grep -c nonexistent-path /tmp/log")
+        assert r.stdout.strip() == "1"
+    run(_in_box(backend, body))
+
+
+def test_verifier_with_a_background_server_is_not_a_timeout(tmp_path, backend):
+    """A test.sh that starts a helper server in the background and leaves it running passes as soon as it is
+    done (today: the verifier waited for the server's pipes until its timeout)."""
+    tasks = tmp_path / "tasks"
+    make_task(tasks, "bg-server", "python3 -m http.server 8123 --bind 127.0.0.1 &\n"
+              "for i in $(seq 100); do python3 -c 'import urllib.request as u; "
+              "u.urlopen(\"http://127.0.0.1:8123/\")' 2>/dev/null && break; sleep 0.1; done\n"
+              "pytest /tests/test_outputs.py -rA && echo 1 > /logs/verifier/reward.txt\n",
+              solve_sh="sleep 300 &\necho solved\n", agent_timeout=40, verifier_timeout=40)
+    results, stderr, _ = conch_check(tasks, backend, jobs=1)
+    r = results["bg-server"]
+    assert (r["error"], r["reward"], r["n_passed"]) == (None, 1.0, 1), (r, stderr[-2000:])

@@ -33,7 +33,8 @@ from pathlib import Path
 from conch.sandbox.base import Sandbox
 from conch.sandbox.readback import DOWNLOAD_CAP, LOG_CAP, REWARD_CAP, ReadBackError, clip, read_text, walk_regular
 from conch.tasks.model import Task
-from conch.verify_parsers import TestOutcome, find_ctrf, find_junit, parse_pytest_console, static_test_ids
+from conch.verify_parsers import (TestOutcome, find_ctrf, find_junit, parse_pytest_console, report_problems,
+                                  static_test_ids)
 
 TESTS_DIR = "/tests"
 LOGS_DIR = "/logs/verifier"
@@ -195,7 +196,7 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
             reward, reward_problem = read_reward(logs)
             reward_problem = download_problem or reward_problem
             tests, n_passed, n_total, source = outcomes_from(logs, output, static_ids)
-            details = {"files": _listing(logs)}
+            details = {"files": _listing(logs), "report_problems": report_problems(logs)}
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # sandbox failure: report it, never a plain 0
@@ -204,12 +205,14 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
             tests=[],
             n_passed=0,
             n_total=len(static_ids),
-            error=f"verifier could not run: {type(exc).__name__}: {exc}",
+            error=f"verifier could not run: {type(exc).__name__}: {clip(str(exc).strip(), 300)}",
             seconds=time.monotonic() - start,
             output_tail="",
         )
 
     error = _diagnose(result.timed_out, result.exit_code, task, reward, reward_problem, n_total, len(static_ids))
+    if error and details["report_problems"]:
+        error = f"{error}; {clip(details['report_problems'][0])}"
     if error and not result.timed_out and (last := _last_line(output)):
         error = f"{error}; last output: {last}"
     if error:

@@ -124,6 +124,35 @@ def find_junit(folder: Path) -> list[TestOutcome] | None:
     return None
 
 
+def report_problems(folder: Path) -> list[str]:
+    """One line per result report below `folder` that was ignored: a *.json or *.xml file that is unreadable
+    (a link, over its cap) or does not parse, so a malformed CTRF/JUnit file is reported, not silently lost."""
+    problems = []
+    for rel in _results(folder, ".json") + _results(folder, ".xml"):
+        try:
+            text = read_text(folder, rel, REPORT_CAP)
+        except (OSError, ReadBackError) as exc:
+            problems.append(f"{rel}: {exc}")
+            continue
+        try:
+            json.loads(text) if rel.endswith(".json") else ET.fromstring(text)
+        except (ValueError, ET.ParseError) as exc:
+            kind = "JSON" if rel.endswith(".json") else "XML"
+            problems.append(f"{rel}: not valid {kind} ({str(exc)[:80]}); ignored")
+    for rel in _links_and_specials(folder):
+        problems.append(f"{rel}: not a regular file (a link or a special file); ignored")
+    return problems
+
+
+def _links_and_specials(folder: Path) -> list[str]:
+    out = []
+    if folder.is_dir() and not folder.is_symlink():
+        for path in folder.rglob("*"):
+            if path.suffix in (".json", ".xml") and (path.is_symlink() or not (path.is_file() or path.is_dir())):
+                out.append(path.relative_to(folder).as_posix())
+    return sorted(out)[:20]
+
+
 # ---------------------------------------------------------------- pytest console output
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

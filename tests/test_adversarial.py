@@ -245,3 +245,70 @@ def test_verifier_with_a_background_server_is_not_a_timeout(tmp_path, backend):
     results, stderr, _ = conch_check(tasks, backend, jobs=1)
     r = results["bg-server"]
     assert (r["error"], r["reward"], r["n_passed"]) == (None, 1.0, 1), (r, stderr[-2000:])
+
+
+# ----------------------------------------------------------------------------------------- hostile agents, one batch
+
+PASS_SH = "pytest /tests/test_outputs.py -rA && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+MARKER_TEST = "from pathlib import Path\n\ndef test_marker():\n    assert Path('/app/ok').exists()\n"
+
+
+def _hostile_tasks(root: Path, secret: Path, host_out: Path, backend: str) -> dict:
+    """Tasks whose oracle misbehaves; returns {task: a check of its result}."""
+    tasks = root / "tasks"
+    small = "cpus = 1\nmemory_mb = 256\nstorage_mb = 300\npids = 128\n"
+    # The bomb outlives its script: the verifier then cannot start a process in the box (a clear error).
+    make_task(tasks, "fork-bomb", PASS_SH, solve_sh="bomb() { bomb | bomb & }; bomb\n", agent_timeout=8,
+              limits=small)
+    make_task(tasks, "memory-hog", PASS_SH, solve_sh="python3 -c 'b = [bytearray(1 << 26) for _ in range(64)]'\n"
+              "touch /app/ok\n", test_file=MARKER_TEST, limits=small)
+    make_task(tasks, "endless-output", PASS_SH, solve_sh="head -c 400000000 /dev/zero | tr '\\0' x\n"
+              "touch /app/ok\n", test_file=MARKER_TEST)
+    make_task(tasks, "ignores-signals", PASS_SH, commands=["trap '' INT TERM HUP; while :; do sleep 1; done",
+                                                          "touch /app/ok"], agent_timeout=8)
+    make_task(tasks, "shell-games", PASS_SH, test_file=MARKER_TEST, commands=[
+        "sleep 1000 &", "exec >/dev/null", "exec 2>&-", "(sleep 1000 &); cd /app", "touch ok", "exit 3"])
+    make_task(tasks, "network", PASS_SH, test_file=MARKER_TEST, solve_sh=(
+        "python3 - <<'EOF'\nimport socket\nfor host in ('1.1.1.1', '8.8.8.8', '10.0.0.1'):\n    try:\n"
+        "        socket.create_connection((host, 53), timeout=2)\n        raise SystemExit('reached ' + host)\n"
+        "    except OSError:\n        pass\nsrv = socket.create_server(('127.0.0.1', 8099))\n"
+        "socket.create_connection(('127.0.0.1', 8099), timeout=2)\nopen('/app/ok', 'w').close()\nEOF\n"))
+    make_task(tasks, "host-files", PASS_SH, test_file=MARKER_TEST, solve_sh=(
+        f"cat {secret} /proc/1/root{secret} 2>&1; echo owned > {host_out} 2>&1; "
+        f"mkdir -p {host_out.parent} && echo owned > {host_out}; touch /app/ok\n"))
+    make_task(tasks, "writes-own-reward", "pytest /tests/test_outputs.py -rA; "
+              "[ -e /logs/verifier/reward.txt ] || echo 0 > /logs/verifier/reward.txt\n", test_file=MARKER_TEST,
+              solve_sh="mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n")
+    passed = lambda r: r["error"] is None and (r["n_passed"], r["n_total"], r["reward"]) == (1, 1, 1.0)  # noqa: E731
+
+    def error(*words: str):
+        return lambda r: bool(r["error"]) and any(w in r["error"] for w in words) and r["reward"] is None \
+            and "\n" not in r["error"]
+
+    expected = {
+        # Under the pids limit the bomb either starves the verifier (a clear error: no fork, a timeout) or dies out.
+        "fork-bomb": lambda r: passed(r) or error("fork", "Resource temporarily unavailable", "timed out")(r),
+        "memory-hog": passed, "endless-output": passed, "shell-games": passed, "network": passed,
+        "host-files": passed, "ignores-signals": error("oracle solution timed out after 8s"),
+        # The agent's own reward file is wiped before the verifier runs: the failing test gives a plain 0.
+        "writes-own-reward": lambda r: r["error"] is None and (r["n_passed"], r["reward"]) == (0, 0.0)}
+    if backend == "local":  # the docker backend has no disk limit on overlay2 over ext4 (see docs)
+        make_task(tasks, "disk-fill", PASS_SH, test_file=MARKER_TEST, limits=small,
+                  solve_sh="head -c 1000000000 /dev/zero > /app/fill; df -m /app; rm -f /app/fill; touch /app/ok\n")
+        expected["disk-fill"] = passed
+    return expected
+
+
+def test_hostile_agents_do_not_hurt_host_or_batch(tmp_path, backend):
+    secret = tmp_path / "host" / "host-secret"
+    secret.parent.mkdir()
+    secret.write_text(SECRET + "\n")
+    host_out = tmp_path / "host" / "written-by-box"
+    expected = _hostile_tasks(tmp_path, secret, host_out, backend)
+    results, stderr, peak_kib = conch_check(tmp_path / "tasks", backend, jobs=2)
+    assert set(results) == set(expected)
+    wrong = {name: results[name] for name, check in expected.items() if not check(results[name])}
+    assert not wrong, json.dumps(wrong)
+    assert SECRET not in json.dumps(results) and SECRET not in stderr
+    assert not host_out.exists() and secret.read_text() == SECRET + "\n"
+    assert peak_kib < 1 << 20, f"conch check peaked at {peak_kib >> 10} MiB"

@@ -292,10 +292,11 @@ def _hostile_tasks(root: Path, secret: Path, host_out: Path, backend: str) -> di
         "host-files": passed, "ignores-signals": error("oracle solution timed out after 8s"),
         # The agent's own reward file is wiped before the verifier runs: the failing test gives a plain 0.
         "writes-own-reward": lambda r: r["error"] is None and (r["n_passed"], r["reward"]) == (0, 0.0)}
-    if backend == "local":  # the docker backend has no disk limit on overlay2 over ext4 (see docs)
-        make_task(tasks, "disk-fill", PASS_SH, test_file=MARKER_TEST, limits=small,
-                  solve_sh="head -c 1000000000 /dev/zero > /app/fill; df -m /app; rm -f /app/fill; touch /app/ok\n")
-        expected["disk-fill"] = passed
+    # local: the box's own ext4 image fills up (ENOSPC inside, the script goes on); docker on overlay2 over ext4
+    # (no engine quota): the disk watchdog stops the box and the run reports the limit.
+    make_task(tasks, "disk-fill", PASS_SH, test_file=MARKER_TEST, limits=small,
+              solve_sh="head -c 1000000000 /dev/zero > /app/fill; df -m /app; rm -f /app/fill; touch /app/ok\n")
+    expected["disk-fill"] = lambda r: passed(r) or error("disk limit")(r)
     return expected
 
 
@@ -312,3 +313,28 @@ def test_hostile_agents_do_not_hurt_host_or_batch(tmp_path, backend):
     assert SECRET not in json.dumps(results) and SECRET not in stderr
     assert not host_out.exists() and secret.read_text() == SECRET + "\n"
     assert peak_kib < 1 << 20, f"conch check peaked at {peak_kib >> 10} MiB"
+
+
+def test_disk_fill_is_stopped_at_the_storage_limit(backend):
+    """local: ENOSPC inside the box at `storage_mb`; docker: the engine's quota where it has one, else conch's
+    watchdog stops the box once its writable layer passes the limit, and says so."""
+    from conch.sandbox import SandboxError, SandboxSpec
+    from conch.sandbox.base import Limits
+
+    async def go():
+        box = make_sandbox(backend, SandboxSpec(name="disk-fill", limits=Limits(storage_mb=200)))
+        await box.start()
+        try:
+            r = await box.exec("head -c 2000000000 /dev/zero > /fill; ls -s --block-size=1M /fill", timeout=120)
+            if "No space left on device" in r.stderr:
+                assert int(r.stdout.split()[0]) <= 200, r
+                return "enospc"
+            assert "disk limit" in r.stderr and "200 MiB storage limit" in r.stderr, r
+            with pytest.raises(SandboxError, match="disk limit"):
+                await box.exec("echo again")
+            return "watchdog"
+        finally:
+            await box.stop()
+
+    how = run(go())
+    assert how == "enospc" or backend == "docker"

@@ -35,6 +35,7 @@ from typing import Any
 
 from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec, ShellSession
 from conch.sandbox import docker_images as images
+from conch.sandbox.disk_watch import DiskWatch
 from conch.sandbox.localbuild import safe_extract
 from conch.sandbox.readback import CapWriter
 from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell, pidfd_wait
@@ -52,6 +53,7 @@ async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 _storage_opt_ok = True  # until the engine refuses a disk quota once
+_said: dict[str, bool] = {}  # one-time warnings already printed
 _live: dict[str, Any] = {}  # container name -> docker client, for the exit-time safety net
 _live_lock = threading.Lock()
 
@@ -263,6 +265,9 @@ class DockerSandbox:
         self._env: dict[str, str] = {}
         self._workdir: str | None = None
         self._shells: list[Any] = []
+        self._quota_enforced = False  # the engine applied storage_opt size
+        self._disk_watch: DiskWatch | None = None
+        self._disk_error: str | None = None
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -285,6 +290,8 @@ class DockerSandbox:
         creating = asyncio.ensure_future(_call(self._create_and_start))
         try:
             await asyncio.shield(creating)
+            if not self._quota_enforced:
+                await self._watch_disk()
         except BaseException:
             try:  # on cancellation (Ctrl-C) let the engine call finish, so that the removal below sees it
                 await creating
@@ -292,6 +299,32 @@ class DockerSandbox:
                 pass
             await self.stop()
             raise
+
+    async def _watch_disk(self) -> None:
+        """No engine quota here: enforce `storage_mb` with a watchdog on the writable layer (disk_watch.py)."""
+        api, container = self._require()
+        info = await _call(api.inspect_container, container)
+        upper = ((info.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir")
+        if not upper or not os.path.isdir(upper):
+            with _live_lock:
+                said = _said.setdefault("no-disk-watch", False)
+                _said["no-disk-watch"] = True
+            if not said:
+                print("conch: warning: the Docker engine's writable layers are not readable here (remote engine "
+                      "or another storage driver); sandbox disk limits are not enforced", file=sys.stderr, flush=True)
+            return
+        limit = self.spec.limits.storage_mb
+
+        async def exceeded(used: int) -> None:
+            self._disk_error = (f"disk limit: sandbox {self.name} wrote {used >> 20} MiB, over its {limit} MiB "
+                                "storage limit; stopped")
+            try:
+                await _call(api.kill, container)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+        self._disk_watch = DiskWatch(Path(upper), limit << 20, exceeded)
+        self._disk_watch.start()
 
     def _create_and_start(self) -> None:
         import docker.errors
@@ -306,6 +339,7 @@ class DockerSandbox:
                 # A disk quota needs overlay2 on xfs with pquota; elsewhere the engine refuses it: say so once.
                 storage = {"storage_opt": {"size": f"{lim.storage_mb}m"}} if _storage_opt_ok else {}
                 try:
+                    self._quota_enforced = bool(storage)
                     api.create_container(
                         self.image, name=self.container, entrypoint=["sleep", "infinity"], detach=True,
                         environment=self._env, working_dir=self._workdir, labels=labels, network_disabled=True,
@@ -317,14 +351,17 @@ class DockerSandbox:
                     with _live_lock:
                         said, _storage_opt_ok = not _storage_opt_ok, False
                     if not said:
-                        print(f"conch: warning: the Docker engine cannot limit container disk size here "
-                              f"({exc.explanation}); storage limits are not enforced by the docker backend",
-                              file=sys.stderr, flush=True)
+                        print(f"conch: note: the Docker engine cannot limit container disk size here "
+                              f"({exc.explanation}); conch enforces storage limits with a watchdog on each "
+                              "container's writable layer instead", file=sys.stderr, flush=True)
             api.start(self.container)
         except docker.errors.APIError as exc:
             raise SandboxError(f"sandbox {self.name}: cannot start a container from {self.image}: {exc}") from exc
 
     async def stop(self) -> None:
+        if self._disk_watch is not None:
+            await self._disk_watch.stop()
+            self._disk_watch = None
         shells, self._shells = self._shells, []
         for sh in shells:
             try:
@@ -353,6 +390,8 @@ class DockerSandbox:
             _live.pop(name, None)
 
     def _require(self) -> tuple[Any, str]:
+        if self._disk_error:
+            raise SandboxError(self._disk_error)
         if self.container is None or self._client is None:
             raise SandboxError(f"sandbox {self.name} is not started")
         return self._client.api, self.container
@@ -375,9 +414,12 @@ class DockerSandbox:
                                output_cap=output_cap)
         seconds = time.monotonic() - t0
         timed_out = done.guard_hit or (done.exit_code == 137 and seconds >= timeout)
+        stderr = done.stderr.render().decode("utf-8", "replace")
+        if self._disk_error:  # the watchdog stopped the box during this command
+            stderr += ("\n" if stderr and not stderr.endswith("\n") else "") + f"conch: {self._disk_error}\n"
         return ExecResult(
             stdout=done.stdout.render().decode("utf-8", "replace"),
-            stderr=done.stderr.render().decode("utf-8", "replace"),
+            stderr=stderr,
             exit_code=None if timed_out else done.exit_code,
             timed_out=timed_out,
             truncated=done.stdout.truncated or done.stderr.truncated,

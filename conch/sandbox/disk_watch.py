@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 MAX_ENTRIES = 2_000_000  # a walk stops here: that many files is over any sane limit anyway
 
@@ -67,3 +68,22 @@ class DiskWatch:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+
+
+_warned = False
+
+
+def watch_container(info: dict[str, Any], limit: int, on_exceed: Callable[[int], Awaitable[None]]) -> DiskWatch | None:
+    """A started `DiskWatch` on the writable layer of the container `info` (the engine's inspect document), or
+    None, with a one-time warning, when that layer is not readable from here (a remote engine, another driver)."""
+    global _warned
+    upper = ((info.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir")
+    if not upper or not os.path.isdir(upper):
+        if not _warned:
+            _warned = True
+            print("conch: warning: the Docker engine's writable layers are not readable here (a remote engine or "
+                  "another storage driver); sandbox disk limits are not enforced", file=sys.stderr, flush=True)
+        return None
+    watch = DiskWatch(Path(upper), limit, on_exceed)
+    watch.start()
+    return watch

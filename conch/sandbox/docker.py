@@ -19,11 +19,9 @@ import atexit
 import functools
 import os
 import re
-import shutil
 import socket
 import struct
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -35,8 +33,10 @@ from typing import Any
 
 from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec, ShellSession
 from conch.sandbox import docker_images as images
-from conch.sandbox.disk_watch import DiskWatch
-from conch.sandbox.localbuild import safe_extract
+from conch.sandbox.disk_watch import DiskWatch, watch_container
+from conch.sandbox.docker_files import extract_download as _extract_download
+from conch.sandbox.docker_files import get_archive as _get_archive
+from conch.sandbox.docker_files import tar_for_upload as _tar_for_upload
 from conch.sandbox.readback import CapWriter
 from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell, pidfd_wait
 
@@ -53,7 +53,6 @@ async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 _storage_opt_ok = True  # until the engine refuses a disk quota once
-_said: dict[str, bool] = {}  # one-time warnings already printed
 _live: dict[str, Any] = {}  # container name -> docker client, for the exit-time safety net
 _live_lock = threading.Lock()
 
@@ -304,15 +303,6 @@ class DockerSandbox:
         """No engine quota here: enforce `storage_mb` with a watchdog on the writable layer (disk_watch.py)."""
         api, container = self._require()
         info = await _call(api.inspect_container, container)
-        upper = ((info.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir")
-        if not upper or not os.path.isdir(upper):
-            with _live_lock:
-                said = _said.setdefault("no-disk-watch", False)
-                _said["no-disk-watch"] = True
-            if not said:
-                print("conch: warning: the Docker engine's writable layers are not readable here (remote engine "
-                      "or another storage driver); sandbox disk limits are not enforced", file=sys.stderr, flush=True)
-            return
         limit = self.spec.limits.storage_mb
 
         async def exceeded(used: int) -> None:
@@ -323,8 +313,7 @@ class DockerSandbox:
             except Exception:  # noqa: BLE001 - already gone
                 pass
 
-        self._disk_watch = DiskWatch(Path(upper), limit << 20, exceeded)
-        self._disk_watch.start()
+        self._disk_watch = watch_container(info, limit << 20, exceeded)
 
     def _create_and_start(self) -> None:
         import docker.errors
@@ -463,49 +452,6 @@ class DockerSandbox:
             except docker.errors.NotFound as exc:
                 raise FileNotFoundError(f"sandbox {self.name}: {target} does not exist") from exc
             await _call(_extract_download, spool, PurePosixPath(target).name or ".", Path(dest))
-
-
-def _tar_for_upload(src: Path, arcname: str) -> Any:
-    """A tar (a spooled file) of `src` named `arcname` (a path under /), without entries for its parents,
-    which keep their modes and owners in the box."""
-    spool = tempfile.TemporaryFile()
-
-    def norm(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
-        return info
-
-    with tarfile.open(fileobj=spool, mode="w") as tar:
-        tar.add(str(src), arcname=arcname, filter=norm)
-    spool.seek(0)
-    return spool
-
-
-def _get_archive(api: Any, container: str, path: str, spool: Any) -> None:
-    stream, _stat = api.get_archive(container, path)
-    try:
-        for chunk in stream:
-            spool.write(chunk)
-    finally:
-        close = getattr(stream, "close", None)
-        if close is not None:
-            close()
-
-
-def _extract_download(spool: Any, top: str, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".conch-dl-") as tmp:
-        with tarfile.open(fileobj=spool) as tar:  # the same checks as the local backend's download
-            safe_extract(tar, Path(tmp), owner=(os.getuid(), os.getgid()))
-        got = Path(tmp) / top
-        if dest.is_dir() and not dest.is_symlink() and got.is_dir():
-            shutil.copytree(got, dest, symlinks=True, dirs_exist_ok=True)
-        else:
-            if dest.is_dir() and not dest.is_symlink():
-                shutil.rmtree(dest)
-            elif dest.exists() or dest.is_symlink():
-                dest.unlink()
-            os.replace(got, dest)
 
 
 # ----------------------------------------------------------------------------------------------- gc

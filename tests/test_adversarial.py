@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -191,8 +192,12 @@ def test_exec_returns_when_its_command_exits(backend):
         assert (r.stdout.strip(), r.exit_code, r.timed_out) == ("hi", 0, False), r
         r = await box.exec("(sleep 300; echo late) & echo a; exit 3", timeout=30)
         assert (r.stdout.strip(), r.exit_code, r.timed_out) == ("a", 3, False), r
+        # All the output written before the exit is read, however loaded the machine.
+        r = await box.exec("sleep 300 & head -c 5000000 /dev/zero | tr '\\0' x", timeout=30, output_cap=4096)
+        dropped = int(re.search(r"\[\.\.\. (\d+) bytes truncated", r.stdout).group(1))
+        assert (dropped + r.stdout.count("x"), r.exit_code, r.timed_out) == (5_000_000, 0, False)
         r = await box.exec("ps -eo args | grep -c '^sleep 300'", timeout=30)
-        assert r.stdout.strip() == "2"  # the background jobs live on in the box, as a server would
+        assert r.stdout.strip() == "3"  # the background jobs live on in the box, as a server would
     run(_in_box(backend, body))
 
 

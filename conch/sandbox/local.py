@@ -35,7 +35,7 @@ from conch.sandbox.bwrap import (DEFAULT_PATH, BoxConfig, Cgroups, launcher_argv
                                  warn_once, write_id_maps)
 from conch.sandbox.localbuild import LocalImage, build_image, lookup, safe_extract
 from conch.sandbox.readback import CapWriter, ReadBackError
-from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell, pidfd_wait, settle
+from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell, pidfd_wait, settle, unread_bytes
 
 _INIT = ("echo ready; exec >/dev/null 2>&1 </dev/null; trap : TERM INT HUP QUIT USR1 USR2; "
          "while :; do sleep 86400 & wait $!; done")
@@ -283,7 +283,7 @@ class LocalSandbox:
             except ProcessLookupError:
                 pass
             await process_exit(proc)
-        await settle(readers, (out, err))
+        await settle(readers, (out, err), pending=lambda: unread_bytes(proc))
         release_pipes(proc)
         return ExecResult(stdout=out.render().decode("utf-8", "replace"),
                           stderr=err.render().decode("utf-8", "replace"),

@@ -24,11 +24,14 @@ docker backend can provide one over `docker exec -i`.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import re
 import secrets
+import struct
+import termios
 import time
-from typing import Protocol
+from typing import Callable, Protocol
 
 from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError
 
@@ -109,18 +112,35 @@ async def pidfd_wait(pid: int) -> bool:
     return True
 
 
-async def settle(reading: asyncio.Future, bufs: tuple[CappedBuffer, ...], idle: float = 0.25) -> None:
-    """After a command exited: let what it left in its pipes arrive, and stop reading once they are closed or
-    nothing new came for `idle` seconds (only its background children can still be writing then)."""
+async def settle(reading: asyncio.Future, bufs: tuple[CappedBuffer, ...], idle: float = 0.25,
+                 pending: Callable[[], bool] = lambda: False, most: float = 5.0) -> None:
+    """After a command exited: let what it left in its pipes arrive, and stop reading once they are closed, or
+    nothing new came for `idle` seconds and `pending()` (bytes still unread in a pipe) is false, or after
+    `most` seconds (background children of the command may write forever)."""
+    end = time.monotonic() + most
     while not reading.done():
         before = sum(b.total for b in bufs)
         try:
             await asyncio.wait_for(asyncio.shield(reading), idle)
         except asyncio.TimeoutError:
-            if sum(b.total for b in bufs) == before:
+            if (sum(b.total for b in bufs) == before and not pending()) or time.monotonic() > end:
                 reading.cancel()
                 await asyncio.gather(reading, return_exceptions=True)
                 return
+
+
+def unread_bytes(proc: asyncio.subprocess.Process) -> bool:
+    """True when a stdout/stderr pipe of `proc` still holds bytes not read yet (FIONREAD)."""
+    transport = getattr(proc, "_transport", None)
+    for fd in (1, 2):
+        pipe = transport.get_pipe_transport(fd) if transport is not None else None
+        f = pipe.get_extra_info("pipe") if pipe is not None else None
+        try:
+            if f is not None and struct.unpack("i", fcntl.ioctl(f.fileno(), termios.FIONREAD, b"\0" * 4))[0]:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def cap_bytes(data: bytes, cap: int) -> tuple[bytes, bool]:

@@ -57,6 +57,23 @@ def test_readback_refuses_links_devices_fifos_and_big_files(tmp_path):
     assert "\n" not in clip("a\nb")
 
 
+def test_malformed_or_refused_reports_are_named(tmp_path):
+    from conch.verify_parsers import find_ctrf, find_junit, report_problems
+
+    logs = tmp_path / "verifier"
+    (logs / "sub").mkdir(parents=True)
+    (logs / "ctrf.json").write_text('{"results": {"tests": [')
+    (logs / "sub" / "junit.xml").write_text("<testsuite><testcase name='a'")
+    (logs / "link.json").symlink_to("/etc/hostname")
+    (logs / "ok.json").write_text("{}")
+    assert find_ctrf(logs) is None and find_junit(logs) is None
+    problems = report_problems(logs)
+    assert any(p.startswith("ctrf.json: not valid JSON") for p in problems), problems
+    assert any(p.startswith("sub/junit.xml: not valid XML") for p in problems), problems
+    assert any(p.startswith("link.json: not a regular file") for p in problems), problems
+    assert not any(p.startswith("ok.json") for p in problems)
+
+
 # ----------------------------------------------------------------------------------------- helpers
 
 

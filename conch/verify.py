@@ -64,9 +64,9 @@ def read_reward(folder: Path) -> tuple[float | None, str | None]:
 
     Read with conch/sandbox/readback.py: a link or special file is refused, the size is capped."""
     raw_txt, problem = _read_result(folder, "reward.txt", REWARD_CAP)
-    if problem or raw_txt is not None:
-        if problem:
-            return None, problem
+    if problem:
+        return None, problem
+    if raw_txt is not None:
         raw = raw_txt.strip()
         try:
             value = float(raw)
@@ -99,8 +99,10 @@ def _read_result(folder: Path, name: str, cap: int) -> tuple[str | None, str | N
         return read_text(folder, name, cap), None
     except FileNotFoundError:
         return None, None
-    except (ReadBackError, OSError) as exc:
-        return None, f"{name} refused: {clip(str(exc))}" if isinstance(exc, ReadBackError) else f"{name}: {exc}"
+    except ReadBackError as exc:
+        return None, f"{name} refused: {clip(str(exc))}"
+    except OSError as exc:
+        return None, f"{name} unreadable: {clip(str(exc))}"
 
 
 def _collection_error_tests(files: list[str], static_ids: list[str]) -> list[TestOutcome]:

@@ -160,12 +160,16 @@ async def run_task(task: Task | TaskLoadError, agent: str | Sequence[str] = "ora
                 await sandbox.stop()
             except Exception:
                 pass
+    error, reward = result.error, result.reward
+    if agent == "oracle" and steps and steps[-1].timed_out:  # a solution that never finished is a broken task
+        error = f"oracle solution timed out after {task.agent_timeout_sec:g}s" + (f"; {error}" if error else "")
+        reward = None
     return CheckResult(
         task=task.name,
         n_passed=result.n_passed,
         n_total=result.n_total,
-        reward=result.reward,
-        error=result.error,
+        reward=reward,
+        error=error,
         seconds=time.monotonic() - start,
         steps=steps,
         verify=result,

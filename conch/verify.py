@@ -24,14 +24,17 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from conch.sandbox.base import Sandbox
+from conch.sandbox.readback import DOWNLOAD_CAP, LOG_CAP, REWARD_CAP, ReadBackError, clip, read_text, walk_regular
 from conch.tasks.model import Task
-from conch.verify_parsers import TestOutcome, find_ctrf, find_junit, parse_pytest_console, static_test_ids
+from conch.verify_parsers import (TestOutcome, find_ctrf, find_junit, parse_pytest_console, report_problems,
+                                  static_test_ids)
 
 TESTS_DIR = "/tests"
 LOGS_DIR = "/logs/verifier"
@@ -57,20 +60,27 @@ class VerifyResult:
 
 
 def read_reward(folder: Path) -> tuple[float | None, str | None]:
-    """(reward, problem) from reward.txt or reward.json in `folder`; (None, None) when neither exists."""
-    txt, js = folder / "reward.txt", folder / "reward.json"
-    if txt.is_file():
-        raw = txt.read_text(errors="replace").strip()
+    """(reward, problem) from reward.txt or reward.json in `folder`; (None, None) when neither exists.
+
+    Read with conch/sandbox/readback.py: a link or special file is refused, the size is capped."""
+    raw_txt, problem = _read_result(folder, "reward.txt", REWARD_CAP)
+    if problem:
+        return None, problem
+    if raw_txt is not None:
+        raw = raw_txt.strip()
         try:
             value = float(raw)
         except ValueError:
-            return None, f"reward.txt is not a number: {raw[:80]!r}"
-        return (value, None) if math.isfinite(value) else (None, f"reward.txt is not finite: {raw!r}")
-    if js.is_file():
+            return None, f"reward.txt is not a number: {clip(raw, 80)!r}"
+        return (value, None) if math.isfinite(value) else (None, f"reward.txt is not finite: {clip(raw, 80)!r}")
+    raw_js, problem = _read_result(folder, "reward.json", REWARD_CAP)
+    if problem:
+        return None, problem
+    if raw_js is not None:
         try:
-            doc = json.loads(js.read_text(errors="replace"))
+            doc = json.loads(raw_js)
         except ValueError as exc:
-            return None, f"reward.json is not valid JSON: {exc}"
+            return None, f"reward.json is not valid JSON: {clip(str(exc))}"
         if isinstance(doc, dict):
             numbers = {k: v for k, v in doc.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             if "reward" in numbers:
@@ -81,6 +91,18 @@ def read_reward(folder: Path) -> tuple[float | None, str | None]:
             return float(doc), None
         return None, "reward.json holds no single reward (expected a number or {\"reward\": number})"
     return None, None
+
+
+def _read_result(folder: Path, name: str, cap: int) -> tuple[str | None, str | None]:
+    """(text, problem) of a result file from the box; (None, None) when it is absent."""
+    try:
+        return read_text(folder, name, cap), None
+    except FileNotFoundError:
+        return None, None
+    except ReadBackError as exc:
+        return None, f"{name} refused: {clip(str(exc))}"
+    except OSError as exc:
+        return None, f"{name} unreadable: {clip(str(exc))}"
 
 
 def _collection_error_tests(files: list[str], static_ids: list[str]) -> list[TestOutcome]:
@@ -109,7 +131,7 @@ def outcomes_from(logs: Path, output: str, static_ids: list[str]) -> tuple[list[
         if found:
             candidates.append((found, sum(t.status == "passed" for t in found), len(found), source))
     texts = [output]
-    texts += [p.read_text(errors="replace") for p in sorted(logs.rglob("*")) if p.suffix in (".txt", ".log")]
+    texts += [text for rel in _listing(logs) if rel.endswith((".txt", ".log")) and (text := _log_text(logs, rel))]
     for text in texts:
         console = parse_pytest_console(text)
         tests = console.tests + _collection_error_tests(console.collection_errors, static_ids)
@@ -124,6 +146,20 @@ def outcomes_from(logs: Path, output: str, static_ids: list[str]) -> tuple[list[
         return [], 0, 0, "static"
     best = max(range(len(candidates)), key=lambda i: (candidates[i][2], -i))
     return candidates[best]
+
+
+def _listing(logs: Path) -> list[str]:
+    try:
+        return walk_regular(logs)
+    except ReadBackError:
+        return []
+
+
+def _log_text(logs: Path, rel: str) -> str:
+    try:
+        return read_text(logs, rel, LOG_CAP)
+    except (ReadBackError, OSError):
+        return ""  # a huge or vanished log is not a source of test results
 
 
 def _script_dest(task: Task) -> tuple[str, bool]:
@@ -149,14 +185,20 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
         )
         with tempfile.TemporaryDirectory(prefix="conch-verify-") as tmp:
             logs = Path(tmp) / "verifier"
+            download_problem = None
             try:
-                await sandbox.download(LOGS_DIR, logs)
+                await sandbox.download(LOGS_DIR, logs, max_bytes=DOWNLOAD_CAP)
+            except ReadBackError as exc:  # over the cap: nothing of it is trusted
+                download_problem = f"verifier results refused: {clip(str(exc))}"
+                shutil.rmtree(logs, ignore_errors=True)
+                logs.mkdir(parents=True, exist_ok=True)
             except Exception:  # the script may have removed the folder; treat as empty
                 logs.mkdir(parents=True, exist_ok=True)
             output = result.stdout + ("\n" if result.stdout and result.stderr else "") + result.stderr
             reward, reward_problem = read_reward(logs)
+            reward_problem = download_problem or reward_problem
             tests, n_passed, n_total, source = outcomes_from(logs, output, static_ids)
-            details = {"files": sorted(str(p.relative_to(logs)) for p in logs.rglob("*") if p.is_file())}
+            details = {"files": _listing(logs), "report_problems": report_problems(logs)}
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # sandbox failure: report it, never a plain 0
@@ -165,12 +207,14 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
             tests=[],
             n_passed=0,
             n_total=len(static_ids),
-            error=f"verifier could not run: {type(exc).__name__}: {exc}",
+            error=f"verifier could not run: {type(exc).__name__}: {clip(str(exc).strip(), 300)}",
             seconds=time.monotonic() - start,
             output_tail="",
         )
 
     error = _diagnose(result.timed_out, result.exit_code, task, reward, reward_problem, n_total, len(static_ids))
+    if error and details["report_problems"]:
+        error = f"{error}; {clip(details['report_problems'][0])}"
     if error and not result.timed_out and (last := _last_line(output)):
         error = f"{error}; last output: {last}"
     if error:
@@ -194,7 +238,7 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
 
 def _last_line(output: str, limit: int = 160) -> str:
     lines = [line.strip() for line in output.splitlines() if line.strip()]
-    return lines[-1][:limit] if lines else ""
+    return clip(lines[-1], limit) if lines else ""
 
 
 def _diagnose(

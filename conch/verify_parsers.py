@@ -21,6 +21,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from conch.sandbox.readback import REPORT_CAP, ReadBackError, read_text, walk_regular
+
 STATUSES = ("passed", "failed", "skipped", "error")
 
 
@@ -60,14 +62,22 @@ def parse_ctrf(doc: dict) -> list[TestOutcome]:
     return out
 
 
+def _results(folder: Path, suffix: str) -> list[str]:
+    """Regular files (links never followed) below a folder copied out of a sandbox, by suffix."""
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    try:
+        return [rel for rel in walk_regular(folder) if rel.endswith(suffix)]
+    except ReadBackError:
+        return []
+
+
 def find_ctrf(folder: Path) -> list[TestOutcome] | None:
     """Outcomes from the first CTRF-shaped *.json below `folder` (sorted by path), or None if there is none."""
-    if not folder.is_dir():
-        return None
-    for path in sorted(folder.rglob("*.json")):
+    for rel in _results(folder, ".json"):
         try:
-            doc = json.loads(path.read_text(errors="replace"))
-        except (OSError, ValueError):
+            doc = json.loads(read_text(folder, rel, REPORT_CAP))
+        except (OSError, ValueError, ReadBackError):  # a link, a special file, over the cap: not a report
             continue
         if is_ctrf(doc):
             return parse_ctrf(doc)
@@ -104,16 +114,43 @@ def parse_junit(text: str) -> list[TestOutcome] | None:
 
 def find_junit(folder: Path) -> list[TestOutcome] | None:
     """Outcomes from the first JUnit *.xml below `folder` that holds test cases, or None."""
-    if not folder.is_dir():
-        return None
-    for path in sorted(folder.rglob("*.xml")):
+    for rel in _results(folder, ".xml"):
         try:
-            outcomes = parse_junit(path.read_text(errors="replace"))
-        except OSError:
+            outcomes = parse_junit(read_text(folder, rel, REPORT_CAP))
+        except (OSError, ValueError, ReadBackError):
             continue
         if outcomes:
             return outcomes
     return None
+
+
+def report_problems(folder: Path) -> list[str]:
+    """One line per result report below `folder` that was ignored: a *.json or *.xml file that is unreadable
+    (a link, over its cap) or does not parse, so a malformed CTRF/JUnit file is reported, not silently lost."""
+    problems = []
+    for rel in _results(folder, ".json") + _results(folder, ".xml"):
+        try:
+            text = read_text(folder, rel, REPORT_CAP)
+        except (OSError, ReadBackError) as exc:
+            problems.append(f"{rel}: {exc}")
+            continue
+        try:
+            json.loads(text) if rel.endswith(".json") else ET.fromstring(text)
+        except (ValueError, ET.ParseError) as exc:
+            kind = "JSON" if rel.endswith(".json") else "XML"
+            problems.append(f"{rel}: not valid {kind} ({str(exc)[:80]}); ignored")
+    for rel in _links_and_specials(folder):
+        problems.append(f"{rel}: not a regular file (a link or a special file); ignored")
+    return problems
+
+
+def _links_and_specials(folder: Path) -> list[str]:
+    out = []
+    if folder.is_dir() and not folder.is_symlink():
+        for path in folder.rglob("*"):
+            if path.suffix in (".json", ".xml") and (path.is_symlink() or not (path.is_file() or path.is_dir())):
+                out.append(path.relative_to(folder).as_posix())
+    return sorted(out)[:20]
 
 
 # ---------------------------------------------------------------- pytest console output

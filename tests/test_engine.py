@@ -97,12 +97,15 @@ def test_multi_turn_session_matches_full_forward(model_dir, reference):
 
 
 def test_batching_does_not_change_results(model_dir):
-    """Sessions of different lengths joining and leaving a shared batch give what each gives alone."""
-    specs = [("short", 5, 8, 0.0), ("a much longer prompt about compressing logs " * 3, 12, 20, 0.05),
-             ("mid sized prompt here", 9, 3, 0.1), ("x", 7, 14, 0.02)]
+    """Sessions of different lengths joining and leaving a shared batch give what each gives alone.
 
-    async def one(eng, text, seed, n, delay):
-        await asyncio.sleep(delay)
+    The overlap is made deterministic, not left to timing: the engine's worker is held off (its condition
+    lock, which the event-loop thread may re-enter) until the four first requests are all queued, so the
+    first step batches them; the second turns then join while longer sessions are still decoding."""
+    specs = [("short", 5, 8), ("a much longer prompt about compressing logs " * 3, 12, 20),
+             ("mid sized prompt here", 9, 3), ("x", 7, 14)]
+
+    async def one(eng, text, seed, n):
         sid = await eng.open_session(prompt(eng.tokenizer, text))
         r1 = await eng.generate(sid, [], SamplingParams(temperature=1.0, max_new_tokens=n, seed=seed))
         r2 = await eng.generate(sid, eng.tokenizer.encode("\nnext"),
@@ -112,7 +115,11 @@ def test_batching_does_not_change_results(model_dir):
 
     async def together():
         eng = HFEngine(model_dir)
-        out = await asyncio.gather(*(one(eng, *s) for s in specs))
+        with eng._cond:  # the worker waits on this lock: nothing runs until every first request is queued
+            tasks = [asyncio.ensure_future(one(eng, *s)) for s in specs]
+            while len(eng._inbox) < len(specs) and not any(t.done() for t in tasks):
+                await asyncio.sleep(0)
+        out = await asyncio.gather(*tasks)
         stats = dict(eng.stats)
         await eng.aclose()
         return out, stats
@@ -121,12 +128,12 @@ def test_batching_does_not_change_results(model_dir):
         outs = []
         for s in specs:
             eng = HFEngine(model_dir)
-            outs.append(await one(eng, s[0], s[1], s[2], 0.0))
+            outs.append(await one(eng, *s))
             await eng.aclose()
         return outs
 
     batched, stats = run(together())
-    assert stats["max_step_requests"] >= 3  # they really shared steps
+    assert stats["max_step_requests"] == len(specs)  # they really shared steps
     for (b1, b2), (a1, a2) in zip(batched, run(alone())):
         for b, a in ((b1, a1), (b2, a2)):
             assert b.token_ids == a.token_ids

@@ -60,10 +60,15 @@ def test_train_then_resume(tmp_path, home):
     assert rl_tasks and not rl_tasks & {p.name for p in (run / "corpus" / "train").iterdir()}
     assert "synthesizing 4 PPO tasks" in p.stderr
 
+    # What a kill leaves: a row logged for iteration 1 without its checkpoint, half a row, an empty eval cache.
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({**rows[0], "iteration": 1}) + "\n" + '{"iteration": 1, "rew')
+    (run / "evals" / "init.json").write_text("")
     # Resume with a larger iteration budget: the stages are skipped and PPO continues at iteration 1.
     p2 = conch("train", "--resume", str(run), "ppo.iterations=2", home=home)
     assert p2.returncode == 0, p2.stderr[-3000:]
-    assert "resumed from" in p2.stderr
+    assert "resumed from" in p2.stderr and "Traceback" not in p2.stderr
+    assert "init.json: evaluation cache is empty" in p2.stderr
     assert "SFT warm start" not in p2.stderr and "synthesizing" not in p2.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1]

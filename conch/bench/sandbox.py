@@ -26,6 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--roundtrips", type=int, default=200, help="shell round trips of `true` (default: 200)")
     parser.add_argument("--spawns", type=int, default=50, help="one-shot execs of `true` (default: 50)")
     parser.add_argument("--starts", type=int, default=5, help="cached starts to time (default: 5)")
+    parser.add_argument("--sessions", type=int, default=0,
+                        help="instead: hold N live sandboxes with a shell each; memory per session, start/stop "
+                             "rates and a leak check (see conch/bench/sandbox_load.py)")
+    parser.add_argument("--parallel", type=int, default=8, help="with --sessions: starts at once (default: 8)")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -140,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
 
     if min(args.roundtrips, args.spawns, args.starts) < 1:
         raise UsageError("--roundtrips, --spawns and --starts must be at least 1")
+    if args.sessions < 0 or args.parallel < 1:
+        raise UsageError("--sessions must be >= 0 and --parallel >= 1")
     results: dict[str, dict[str, float]] = {}
     backends = args.backend
     if not backends:  # both when an engine answers
@@ -149,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         backends = ["local"] if problem else ["local", "docker"]
         if problem:
             print(f"conch bench sandbox: docker skipped ({problem})", file=sys.stderr)
+    if args.sessions:
+        return _run_load(args, backends)
     for backend in backends:
         print(f"conch bench sandbox: measuring {backend}...", file=sys.stderr)
         try:
@@ -158,3 +166,24 @@ def run(args: argparse.Namespace) -> int:
             return 1
     print(json.dumps(results) if args.json else format_table(results))
     return 0
+
+
+def _run_load(args: argparse.Namespace, backends: list[str]) -> int:
+    import asyncio
+
+    from conch.bench.sandbox_load import load
+
+    results = {}
+    for backend in backends:
+        print(f"conch bench sandbox: {args.sessions} live {backend} sessions...", file=sys.stderr)
+        results[backend] = asyncio.run(load(backend, args.sessions, args.parallel))
+    if args.json:
+        print(json.dumps(results))
+    else:
+        for backend, r in results.items():
+            print(f"{backend}: " + ", ".join(f"{k}={v}" for k, v in r.items() if k != "failures"))
+    leaked = any(r["leaked"] for r in results.values())
+    if leaked:
+        print("conch bench sandbox: resources leaked: "
+              + "; ".join(f"{b}: {r['leaked']}" for b, r in results.items() if r["leaked"]), file=sys.stderr)
+    return 1 if leaked else 0

@@ -112,6 +112,25 @@ def atomic_write_text(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
+def read_json(path: Path, what: str) -> Any | None:
+    """The JSON document at `path`, or None (with a warning naming the file) when it is missing, empty or
+    corrupt: a run folder written by a killed run must never stop `--resume` with a traceback. Callers treat
+    None as "not done yet" and redo the work."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"conch: warning: {path}: unreadable {what} ({exc}); it is redone", file=sys.stderr, flush=True)
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        why = "empty" if not text.strip() else f"not valid JSON: {exc}"
+        print(f"conch: warning: {path}: {what} is {why}; it is redone", file=sys.stderr, flush=True)
+        return None
+
+
 def publish_model(model: Any, tokenizer: Any, out: Path) -> Path:
     """Write a loadable model folder (HF format) at `out`, replacing any old one: written beside it, then
     renamed, so `out` is never a half-written model."""

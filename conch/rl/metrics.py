@@ -121,6 +121,7 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
+        _drop_torn_tail(self.path)
         self._fh: IO[str] | None = open(self.path, "a")
         self.stream = stream if stream is not None else sys.stderr
         self.table = MetricsTable(columns, header_every) if columns else None
@@ -176,6 +177,31 @@ class MetricsLogger:
             self._wandb.log({k: v for k, v in record.items() if k not in ("iteration", "time")}, step=iteration)
         return record
 
+    def keep_before(self, iteration: int) -> int:
+        """On resume from a checkpoint: drop the rows of `iteration` and later (logged by the killed run after
+        its last checkpoint, about to be redone), so the file holds exactly one row per iteration. The file is
+        replaced atomically. Returns how many rows were dropped."""
+        if self._fh is None:
+            raise RuntimeError(f"metrics logger for {self.path} is closed")
+        self._fh.close()
+        kept: dict[int, dict] = {}  # iteration -> its last row (a duplicate's later row is the redone one)
+        lines = self.path.read_text().splitlines()
+        for line in lines:
+            try:
+                row = json.loads(line)
+                it = int(row["iteration"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if it < iteration:
+                kept[it] = row
+        dropped = len(lines) - len(kept)
+        if dropped:
+            from conch.rl.checkpoint import atomic_write_text
+
+            atomic_write_text(self.path, "".join(json.dumps(kept[i], allow_nan=False) + "\n" for i in sorted(kept)))
+        self._fh = open(self.path, "a")
+        return dropped
+
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
@@ -192,6 +218,17 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """A kill mid-write leaves a last line without its newline: cut it, or the next row would be glued to it."""
+    try:
+        with open(path, "rb+") as fh:
+            data = fh.read()
+            if data and not data.endswith(b"\n"):
+                fh.truncate(data.rfind(b"\n") + 1)
+    except FileNotFoundError:
+        pass
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -26,8 +26,11 @@ def log(msg: str) -> None:
 
 
 def marker(run_dir: Path, name: str) -> dict | None:
-    p = run_dir / f"{name}.done.json"
-    return json.loads(p.read_text()) if p.exists() else None
+    """What a finished stage recorded, or None: not done (an empty or corrupt marker counts as not done)."""
+    from conch.rl.checkpoint import read_json
+
+    data = read_json(run_dir / f"{name}.done.json", f"the {name} stage marker")
+    return data if isinstance(data, dict) else None
 
 
 def mark_done(run_dir: Path, name: str, data: dict) -> None:

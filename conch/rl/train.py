@@ -84,7 +84,8 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     from conch.engine.hf import HFEngine
     from conch.model.loading import load_policy
     from conch.moe.routing import moe_layer_count
-    from conch.rl.checkpoint import latest_complete, load_checkpoint, publish_model, save_checkpoint
+    from conch.rl.checkpoint import (atomic_write_text, latest_complete, load_checkpoint, publish_model, read_json,
+                                     save_checkpoint)
     from conch.rl.critic import ValueModel
     from conch.rl.losses import LossConfig
     from conch.rl.metrics import MetricsLogger
@@ -116,14 +117,14 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
 
     async def run_eval(name: str, tasks: list, seed: int) -> EvalResult | None:
         cache = run_dir / "evals" / f"{name}.json"
-        if cache.exists():
-            d = json.loads(cache.read_text())
-            return EvalResult(**d)
+        cached = read_json(cache, "evaluation cache")
+        if isinstance(cached, dict):
+            return EvalResult(**cached)
         if not tasks:
             return None
         log(f"evaluating {name} on {len(tasks)} tasks x {cfg.eval.n_per_task}")
         res = await evaluate(engine, codec, tasks, cfg, seed=seed)
-        cache.write_text(json.dumps(res.to_json()))
+        atomic_write_text(cache, json.dumps(res.to_json()))
         log(f"eval {name}: pass rate {res.pass_rate:.3f}, tests passed {res.tests_passed_mean:.2f} ({res.samples} samples)")
         return res
 
@@ -202,6 +203,8 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
             mark_done(run_dir, "critic", {"explained_variance": curve})
 
         # ---- PPO ----------------------------------------------------------------------------------------------
+        if dropped := metrics.keep_before(start_it):  # rows logged after the last checkpoint are redone
+            log(f"metrics.jsonl: dropped {dropped} row(s) from iteration {start_it} on, logged after the last checkpoint")
         stopped_early = False
         for it in range(start_it, cfg.ppo.iterations):
             t_it = time.monotonic()

@@ -107,6 +107,9 @@ class Sandbox(Protocol):
         """Copy a host file or folder to path `dest` inside the sandbox (parents created)."""
         ...
 
-    async def download(self, src: str, dest: Path) -> None:
-        """Copy a file or folder at `src` inside the sandbox to the host path `dest`."""
+    async def download(self, src: str, dest: Path, max_bytes: int | None = None) -> None:
+        """Copy a file or folder at `src` inside the sandbox to the host path `dest`.
+
+        Links are copied as links (never followed on the host: read the result with conch/sandbox/readback.py).
+        With `max_bytes`, an archive larger than that raises `ReadBackError` naming the cap."""
         ...

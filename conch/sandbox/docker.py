@@ -19,11 +19,9 @@ import atexit
 import functools
 import os
 import re
-import shutil
 import socket
 import struct
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -35,8 +33,12 @@ from typing import Any
 
 from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec, ShellSession
 from conch.sandbox import docker_images as images
-from conch.sandbox.localbuild import safe_extract
-from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell
+from conch.sandbox.disk_watch import DiskWatch, watch_container
+from conch.sandbox.docker_files import extract_download as _extract_download
+from conch.sandbox.docker_files import get_archive as _get_archive
+from conch.sandbox.docker_files import tar_for_upload as _tar_for_upload
+from conch.sandbox.readback import CapWriter
+from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell, pidfd_wait
 
 HOST_GRACE_S = 10.0  # host-side guard beyond a command's own timeout (the in-container `timeout` kills first)
 
@@ -127,6 +129,16 @@ async def _exit_code(api: Any, exec_id: str, tries: int = 100) -> tuple[int | No
     return None, int(info.get("Pid") or 0)
 
 
+async def _exec_pid(api: Any, exec_id: str, tries: int = 20) -> int:
+    """Host pid of a started exec (the engine fills it in a moment after the start); 0 if not known."""
+    for _ in range(tries):
+        info = await _call(api.exec_inspect, exec_id)
+        if info.get("Pid") or not info.get("Running", True) and info.get("ExitCode") is not None:
+            return int(info.get("Pid") or 0)
+        await asyncio.sleep(0.005)
+    return 0
+
+
 @dataclass
 class _Finished:
     stdout: CappedBuffer
@@ -148,6 +160,8 @@ async def _run_once(api: Any, container: str, argv: list[str], timeout: float, c
     guard_hit = False
     try:
         writer.write_eof()  # no stdin
+        # When background children hold the output, the engine ends the stream (and reports the exit code)
+        # about 2 s after the command exited: the exit code is only known then, so that wait is kept.
         await asyncio.wait_for(_read_frames(reader, {1: out, 2: err}), timeout)
     except asyncio.TimeoutError:
         guard_hit = True
@@ -165,7 +179,10 @@ class DockerShellTransport:
     engine's frames, and `control` runs a short script beside the session as a one-shot exec.
 
     bash runs under `setsid -w`: plain `setsid` forks when started as a group leader (an exec is), the exec's
-    own process then exits, and the engine closes the streams two seconds later with bash still running."""
+    own process then exits, and the engine closes the streams two seconds later with bash still running. And
+    `setsid -w` reports a bash killed by a signal as "setsid: child N did not exit normally: No such file or
+    directory" with exit status 9. An exec's process already leads its own process group (the engine makes it
+    a session leader), which is all the interrupt ladder needs, so bash runs as the exec's process itself."""
 
     def __init__(self, api: Any, container: str, exec_id: str, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter) -> None:
@@ -179,7 +196,7 @@ class DockerShellTransport:
     @classmethod
     async def open(cls, api: Any, container: str, workdir: str | None = None,
                    env: dict[str, str] | None = None) -> "DockerShellTransport":
-        argv = [SHELL_ARGV[0], "-w", *SHELL_ARGV[1:]]
+        argv = list(SHELL_ARGV[1:])  # without `setsid`: see the class docstring
         created = await _call(api.exec_create, container, argv, stdin=True, workdir=workdir or None,
                                           environment=env or None)
         reader, writer = await _hijack(api, created["Id"])
@@ -195,6 +212,12 @@ class DockerShellTransport:
     async def control(self, script: str) -> None:
         await _run_once(self._api, self._container, ["bash", "-c", script], timeout=10.0)
 
+    async def wait_exit(self) -> None:
+        """Returns when bash exits (seen through its host pid with a local engine; else when the stream ends)."""
+        pid = await _exec_pid(self._api, self._exec_id) if _engine_is_local(self._api) else 0
+        if not (pid and await pidfd_wait(pid)):
+            await asyncio.shield(self._pump)
+
     async def terminate(self) -> int | None:
         if not self._pump.done():
             if self.box_pid:
@@ -209,6 +232,11 @@ class DockerShellTransport:
                 self._pump.cancel()
         code, _pid = await _exit_code(self._api, self._exec_id, tries=10)
         return code
+
+
+def _engine_is_local(api: Any) -> bool:
+    """True when the engine is reached over a unix socket: its process ids are this host's."""
+    return str(getattr(api, "base_url", "")).startswith("http+docker://")
 
 
 def _kill_host_pid(pid: int) -> None:
@@ -236,6 +264,9 @@ class DockerSandbox:
         self._env: dict[str, str] = {}
         self._workdir: str | None = None
         self._shells: list[Any] = []
+        self._quota_enforced = False  # the engine applied storage_opt size
+        self._disk_watch: DiskWatch | None = None
+        self._disk_error: str | None = None
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -258,6 +289,8 @@ class DockerSandbox:
         creating = asyncio.ensure_future(_call(self._create_and_start))
         try:
             await asyncio.shield(creating)
+            if not self._quota_enforced:
+                await self._watch_disk()
         except BaseException:
             try:  # on cancellation (Ctrl-C) let the engine call finish, so that the removal below sees it
                 await creating
@@ -265,6 +298,22 @@ class DockerSandbox:
                 pass
             await self.stop()
             raise
+
+    async def _watch_disk(self) -> None:
+        """No engine quota here: enforce `storage_mb` with a watchdog on the writable layer (disk_watch.py)."""
+        api, container = self._require()
+        info = await _call(api.inspect_container, container)
+        limit = self.spec.limits.storage_mb
+
+        async def exceeded(used: int) -> None:
+            self._disk_error = (f"disk limit: sandbox {self.name} wrote {used >> 20} MiB, over its {limit} MiB "
+                                "storage limit; stopped")
+            try:
+                await _call(api.kill, container)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+        self._disk_watch = watch_container(info, limit << 20, exceeded)
 
     def _create_and_start(self) -> None:
         import docker.errors
@@ -279,6 +328,7 @@ class DockerSandbox:
                 # A disk quota needs overlay2 on xfs with pquota; elsewhere the engine refuses it: say so once.
                 storage = {"storage_opt": {"size": f"{lim.storage_mb}m"}} if _storage_opt_ok else {}
                 try:
+                    self._quota_enforced = bool(storage)
                     api.create_container(
                         self.image, name=self.container, entrypoint=["sleep", "infinity"], detach=True,
                         environment=self._env, working_dir=self._workdir, labels=labels, network_disabled=True,
@@ -290,14 +340,17 @@ class DockerSandbox:
                     with _live_lock:
                         said, _storage_opt_ok = not _storage_opt_ok, False
                     if not said:
-                        print(f"conch: warning: the Docker engine cannot limit container disk size here "
-                              f"({exc.explanation}); storage limits are not enforced by the docker backend",
-                              file=sys.stderr, flush=True)
+                        print(f"conch: note: the Docker engine cannot limit container disk size here "
+                              f"({exc.explanation}); conch enforces storage limits with a watchdog on each "
+                              "container's writable layer instead", file=sys.stderr, flush=True)
             api.start(self.container)
         except docker.errors.APIError as exc:
             raise SandboxError(f"sandbox {self.name}: cannot start a container from {self.image}: {exc}") from exc
 
     async def stop(self) -> None:
+        if self._disk_watch is not None:
+            await self._disk_watch.stop()
+            self._disk_watch = None
         shells, self._shells = self._shells, []
         for sh in shells:
             try:
@@ -326,6 +379,8 @@ class DockerSandbox:
             _live.pop(name, None)
 
     def _require(self) -> tuple[Any, str]:
+        if self._disk_error:
+            raise SandboxError(self._disk_error)
         if self.container is None or self._client is None:
             raise SandboxError(f"sandbox {self.name} is not started")
         return self._client.api, self.container
@@ -348,9 +403,12 @@ class DockerSandbox:
                                output_cap=output_cap)
         seconds = time.monotonic() - t0
         timed_out = done.guard_hit or (done.exit_code == 137 and seconds >= timeout)
+        stderr = done.stderr.render().decode("utf-8", "replace")
+        if self._disk_error:  # the watchdog stopped the box during this command
+            stderr += ("\n" if stderr and not stderr.endswith("\n") else "") + f"conch: {self._disk_error}\n"
         return ExecResult(
             stdout=done.stdout.render().decode("utf-8", "replace"),
-            stderr=done.stderr.render().decode("utf-8", "replace"),
+            stderr=stderr,
             exit_code=None if timed_out else done.exit_code,
             timed_out=timed_out,
             truncated=done.stdout.truncated or done.stderr.truncated,
@@ -381,56 +439,19 @@ class DockerSandbox:
         if not ok:
             raise SandboxError(f"sandbox {self.name}: copying {src} to {target} failed")
 
-    async def download(self, src: str, dest: Path) -> None:
+    async def download(self, src: str, dest: Path, max_bytes: int | None = None) -> None:
         import docker.errors
 
         api, container = self._require()
         target = src if src.startswith("/") else f"{self._workdir or '/'}/{src}"
         with tempfile.TemporaryFile() as spool:
             try:
-                await _call(_get_archive, api, container, target, spool)
+                sink = CapWriter(spool, max_bytes, f"download of {target}") if max_bytes is not None else spool
+                await _call(_get_archive, api, container, target, sink)
+                spool.seek(0)
             except docker.errors.NotFound as exc:
                 raise FileNotFoundError(f"sandbox {self.name}: {target} does not exist") from exc
             await _call(_extract_download, spool, PurePosixPath(target).name or ".", Path(dest))
-
-
-def _tar_for_upload(src: Path, arcname: str) -> Any:
-    """A tar (a spooled file) of `src` named `arcname` (a path under /), without entries for its parents,
-    which keep their modes and owners in the box."""
-    spool = tempfile.TemporaryFile()
-
-    def norm(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
-        return info
-
-    with tarfile.open(fileobj=spool, mode="w") as tar:
-        tar.add(str(src), arcname=arcname, filter=norm)
-    spool.seek(0)
-    return spool
-
-
-def _get_archive(api: Any, container: str, path: str, spool: Any) -> None:
-    stream, _stat = api.get_archive(container, path)
-    for chunk in stream:
-        spool.write(chunk)
-    spool.seek(0)
-
-
-def _extract_download(spool: Any, top: str, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".conch-dl-") as tmp:
-        with tarfile.open(fileobj=spool) as tar:  # the same checks as the local backend's download
-            safe_extract(tar, Path(tmp), owner=(os.getuid(), os.getgid()))
-        got = Path(tmp) / top
-        if dest.is_dir() and not dest.is_symlink() and got.is_dir():
-            shutil.copytree(got, dest, symlinks=True, dirs_exist_ok=True)
-        else:
-            if dest.is_dir() and not dest.is_symlink():
-                shutil.rmtree(dest)
-            elif dest.exists() or dest.is_symlink():
-                dest.unlink()
-            os.replace(got, dest)
 
 
 # ----------------------------------------------------------------------------------------------- gc

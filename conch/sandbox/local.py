@@ -34,7 +34,8 @@ from conch.sandbox.baseroot import RUNTIME_ENV
 from conch.sandbox.bwrap import (DEFAULT_PATH, BoxConfig, Cgroups, launcher_argv, proc_start_time, require_host,
                                  warn_once, write_id_maps)
 from conch.sandbox.localbuild import LocalImage, build_image, lookup, safe_extract
-from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell
+from conch.sandbox.readback import CapWriter, ReadBackError
+from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell, pidfd_wait, settle, unread_bytes
 
 _INIT = ("echo ready; exec >/dev/null 2>&1 </dev/null; trap : TERM INT HUP QUIT USR1 USR2; "
          "while :; do sleep 86400 & wait $!; done")
@@ -74,6 +75,23 @@ def _exit_code(rc: int | None) -> int | None:
 async def _drain(reader: asyncio.StreamReader, buf: CappedBuffer) -> None:
     while data := await reader.read(1 << 16):
         buf.feed(data)
+
+
+async def process_exit(proc: asyncio.subprocess.Process) -> int:
+    """Wait until `proc` itself exits. (`proc.wait()` also waits until every pipe is closed, which background
+    children of the command can postpone forever.)"""
+    if proc.returncode is None:
+        await pidfd_wait(proc.pid)
+    while proc.returncode is None:  # asyncio's child watcher reaps it a moment after the pidfd fires
+        await asyncio.sleep(0.005)
+    return proc.returncode
+
+
+def release_pipes(proc: asyncio.subprocess.Process) -> None:
+    """Close our ends of an exited process's pipes that background children of it still hold open."""
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()
 
 
 class LocalSandbox:
@@ -248,6 +266,8 @@ class LocalSandbox:
 
     async def exec(self, command: str, timeout: float = 60.0, cwd: str | None = None,
                    env: dict[str, str] | None = None, output_cap: int = DEFAULT_OUTPUT_CAP) -> ExecResult:
+        """Returns when the command exits, whatever its background children still hold (pipes included):
+        those keep running in the box, as on Docker, and what they print later is not this command's."""
         t0 = time.monotonic()
         proc = await self.spawn(command, cwd=cwd, env=env)
         out, err = CappedBuffer(output_cap), CappedBuffer(output_cap)
@@ -255,19 +275,16 @@ class LocalSandbox:
         readers = asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err))
         timed_out = False
         try:
-            await asyncio.wait_for(proc.wait(), timeout)
+            await asyncio.wait_for(process_exit(proc), timeout)
         except asyncio.TimeoutError:
             timed_out = True
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            await proc.wait()
-        try:  # background children may hold the pipes open: do not wait for them long
-            await asyncio.wait_for(asyncio.shield(readers), 1.0 if timed_out else 2.0)
-        except asyncio.TimeoutError:
-            readers.cancel()
-            await asyncio.gather(readers, return_exceptions=True)
+            await process_exit(proc)
+        await settle(readers, (out, err), pending=lambda: unread_bytes(proc))
+        release_pipes(proc)
         return ExecResult(stdout=out.render().decode("utf-8", "replace"),
                           stderr=err.render().decode("utf-8", "replace"),
                           exit_code=None if timed_out else _exit_code(proc.returncode), timed_out=timed_out,
@@ -316,7 +333,7 @@ class LocalSandbox:
         if proc.returncode != 0:
             raise SandboxError(f"upload {src} -> {dest} failed: {err.decode(errors='replace')[-1000:]}")
 
-    async def download(self, src: str, dest: Path) -> None:
+    async def download(self, src: str, dest: Path, max_bytes: int | None = None) -> None:
         dest = Path(dest)
         if not src.startswith("/"):
             src = f"{self._cwd.rstrip('/')}/{src}"
@@ -327,9 +344,16 @@ class LocalSandbox:
         with tempfile.TemporaryFile() as tmp:
             proc = await self.spawn(f"exec tar -C {_q(parent or '/')} -cf - -- {_q(name)}", cwd="/")
             assert proc.stdout is not None and proc.stderr is not None
-            err_task = asyncio.ensure_future(proc.stderr.read())
-            while chunk := await proc.stdout.read(1 << 20):
-                tmp.write(chunk)
+            err_task = asyncio.ensure_future(proc.stderr.read(64 * 1024))
+            sink = CapWriter(tmp, max_bytes, f"download of {src}") if max_bytes is not None else tmp
+            try:
+                while chunk := await proc.stdout.read(1 << 20):
+                    sink.write(chunk)
+            except ReadBackError:
+                os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+                err_task.cancel()
+                raise
             err = await err_task
             if await proc.wait() != 0:
                 raise SandboxError(f"download {src} failed: {err.decode(errors='replace')[-1000:]}")
@@ -378,20 +402,25 @@ class _NsenterShellTransport:
         except asyncio.TimeoutError:
             os.killpg(proc.pid, signal.SIGKILL)
 
+    async def wait_exit(self) -> None:
+        if self.proc is not None:
+            await process_exit(self.proc)
+
     async def terminate(self) -> int | None:
         proc = self.proc
         if proc is None:
             return None
         if proc.returncode is None:
             try:
-                await asyncio.wait_for(proc.wait(), 0.2)
+                await asyncio.wait_for(process_exit(proc), 0.2)
             except asyncio.TimeoutError:
                 for pid in [*_children(proc.pid), proc.pid]:  # the in-box bash first, then nsenter
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-                await proc.wait()
+                await process_exit(proc)
+        release_pipes(proc)  # background jobs of the session may hold them open
         return _exit_code(proc.returncode)
 
 

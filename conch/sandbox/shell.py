@@ -24,10 +24,14 @@ docker backend can provide one over `docker exec -i`.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import re
 import secrets
+import struct
+import termios
 import time
-from typing import Protocol
+from typing import Callable, Protocol
 
 from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError
 
@@ -88,6 +92,57 @@ class CappedBuffer:
         return bytes(self.head) + f"\n[... {dropped} bytes truncated ...]\n".encode() + bytes(tail)
 
 
+async def pidfd_wait(pid: int) -> bool:
+    """Wait until host process `pid` exits (a pidfd turns readable); True then, and at once when it is gone
+    already. False at once when no pidfd can be opened (an old kernel): rely on the pipes ending instead."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except (AttributeError, OSError):
+        return False
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+    try:
+        await exited
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return True
+
+
+async def settle(reading: asyncio.Future, bufs: tuple[CappedBuffer, ...], idle: float = 0.25,
+                 pending: Callable[[], bool] = lambda: False, most: float = 5.0) -> None:
+    """After a command exited: let what it left in its pipes arrive, and stop reading once they are closed, or
+    nothing new came for `idle` seconds and `pending()` (bytes still unread in a pipe) is false, or after
+    `most` seconds (background children of the command may write forever)."""
+    end = time.monotonic() + most
+    while not reading.done():
+        before = sum(b.total for b in bufs)
+        try:
+            await asyncio.wait_for(asyncio.shield(reading), idle)
+        except asyncio.TimeoutError:
+            if (sum(b.total for b in bufs) == before and not pending()) or time.monotonic() > end:
+                reading.cancel()
+                await asyncio.gather(reading, return_exceptions=True)
+                return
+
+
+def unread_bytes(proc: asyncio.subprocess.Process) -> bool:
+    """True when a stdout/stderr pipe of `proc` still holds bytes not read yet (FIONREAD)."""
+    transport = getattr(proc, "_transport", None)
+    for fd in (1, 2):
+        pipe = transport.get_pipe_transport(fd) if transport is not None else None
+        f = pipe.get_extra_info("pipe") if pipe is not None else None
+        try:
+            if f is not None and struct.unpack("i", fcntl.ioctl(f.fileno(), termios.FIONREAD, b"\0" * 4))[0]:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def cap_bytes(data: bytes, cap: int) -> tuple[bytes, bool]:
     """Head+tail cap of a finished byte string: (rendered, truncated)."""
     buf = CappedBuffer(cap)
@@ -115,6 +170,7 @@ class _Stream:
         self.carry = b""
         self.finished: dict[str, tuple[bytes, bool, int]] = {}
         self.eof = False
+        self.ended = False  # the shell process exited (background jobs may still hold the pipe open)
 
     def start_command(self, cap: int) -> None:
         """Output received since the last marker (background jobs) is kept at the head of the next command's."""
@@ -175,7 +231,7 @@ class _Stream:
                 data, trunc, rc = self.finished.pop(tok)
                 parts.append(data)
                 truncated |= trunc
-        if self.eof and self.buf.total:
+        if (self.eof or self.ended) and self.buf.total:
             parts.append(self.buf.render())
             truncated |= self.buf.truncated
             self.buf = CappedBuffer(self.buf.cap)
@@ -200,6 +256,9 @@ class ShellTransport(Protocol):
         """Kill the session process; return its exit status if known."""
         ...
 
+    # Optional: `async def wait_exit(self) -> None`, returning as soon as the shell process itself has exited
+    # (its pipes may stay open: background jobs inherit them). Without it, the end of both streams tells.
+
 
 def quote(text: str) -> str:
     """One bash word holding `text` verbatim (NUL bytes cannot exist in bash strings and are dropped)."""
@@ -209,15 +268,21 @@ def quote(text: str) -> str:
 def _end_line(token: str) -> str:
     fmt = "'\\0CONCH%s:%s\\n'"
     return (
-        f'__conch_rc=$?; builtin printf {fmt} {token} "$__conch_rc"; '
-        f'builtin printf {fmt} {token} "$__conch_rc" >&2\n'
+        f'__conch_rc=$?; builtin printf {fmt} {token} "$__conch_rc" >&"$__conch_o"; '
+        f'builtin printf {fmt} {token} "$__conch_rc" >&"$__conch_e"\n'
     )
 
 
+# The session's own stdout/stderr are saved at start-up on descriptors of their own (>= 10): the end markers go
+# there, so `exec >/dev/null`, `exec >log 2>&1` or `exec 2>&-` in a command cannot silence them. Commands run
+# with those two descriptors closed (bash restores them after the command), so they never see them.
 _BOOTSTRAP = (
     "set +H +o history; PS1=''; PS2=''; PS0=''; PS4='+ '; PROMPT_COMMAND=''; unset HISTFILE MAILCHECK; "
+    "exec {__conch_o}>&1 {__conch_e}>&2; readonly __conch_o __conch_e; "
     "__conch_setrc() { return \"$1\"; }; __conch_rc=0; builtin printf '%s\\n' \"$$\"\n"
 )
+_CLOSE_SAVED = '{__conch_o}>&- {__conch_e}>&-'
+
 
 # Signal the session's running command. S: the shell's pid (= its process group), L: the level.
 # Background jobs of a shell without job control ignore SIGINT and SIGQUIT (POSIX); that tells them apart.
@@ -258,7 +323,26 @@ class PersistentShell:
         self._pumps = [asyncio.ensure_future(self._out.pump()), asyncio.ensure_future(self._err.pump())]
         self._lock = asyncio.Lock()
         self._dead: str | None = None
+        self._exited = False
         self.pid: int | None = None  # the shell's pid inside the box
+        wait_exit = getattr(transport, "wait_exit", None)
+        if wait_exit is not None:
+            self._pumps.append(asyncio.ensure_future(self._watch_exit(wait_exit)))
+
+    async def _watch_exit(self, wait_exit) -> None:  # noqa: ANN001 - the transport's coroutine function
+        """Notice the shell's own exit at once; first let what it wrote before exiting arrive."""
+        await wait_exit()
+        while not (self._out.eof and self._err.eof):
+            self._progress.clear()
+            try:
+                await asyncio.wait_for(self._progress.wait(), 0.25)
+            except asyncio.TimeoutError:
+                break
+        self._exited = self._out.ended = self._err.ended = True
+        self._progress.set()
+
+    def _ended(self) -> bool:
+        return self._exited or (self._out.eof and self._err.eof)
 
     @classmethod
     async def open(cls, transport: ShellTransport, timeout: float = 30.0) -> PersistentShell:
@@ -292,7 +376,7 @@ class PersistentShell:
         while True:
             if final in self._out.finished and final in self._err.finished:
                 return True
-            if self._out.eof and self._err.eof:
+            if self._ended():
                 return False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -313,18 +397,22 @@ class PersistentShell:
             tokens = [token]
             self._out.start_command(output_cap)
             self._err.start_command(output_cap)
-            await self._send(f'__conch_setrc "$__conch_rc"; eval -- {quote(command)} </dev/null\n' + _end_line(token))
+            await self._send(f'__conch_setrc "$__conch_rc"; eval -- {quote(command)} </dev/null {_CLOSE_SAVED}\n'
+                             + _end_line(token))
             done = await self._wait(tokens, start + timeout)
             timed_out = False
-            if not done and not (self._out.eof and self._err.eof):
+            if not done and not self._ended():
                 timed_out = True
                 done = await self._interrupt(tokens)
             out, out_trunc, rc = self._out.take(tokens)
             err, err_trunc, _ = self._err.take(tokens)
             err = _TCSETATTR_RE.sub(b"", err)
-            if self._out.eof and self._err.eof and not done:
+            if self._ended() and not done:
                 status = await self.transport.terminate()
-                self._dead = "the shell exited" if not timed_out else "the shell did not recover from a timeout"
+                if timed_out:
+                    self._dead = "the shell did not recover from a timeout"
+                else:
+                    self._dead = "the shell exited" + (f" with status {status}" if status is not None else "")
                 rc = status if not timed_out else None
             out, t1 = cap_bytes(out, output_cap)
             err, t2 = cap_bytes(err, output_cap)
@@ -352,7 +440,7 @@ class PersistentShell:
                 return False
             if await self._wait(tokens, time.monotonic() + _GRACE_S[level - 1]):
                 return True
-            if self._out.eof and self._err.eof:
+            if self._ended():
                 return False
         self._dead = "a timed-out command could not be interrupted"
         await self.transport.terminate()

@@ -15,6 +15,7 @@ of them, and dropping unknown keys would silently lose information on a round tr
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from pathlib import Path
 
@@ -35,6 +36,15 @@ def load_harbor_task(folder: Path) -> Task | TaskLoadError:
         return _load(folder)
     except FieldError as exc:
         return TaskLoadError(name=folder.name, path=folder, file=exc.file, message=exc.message)
+
+
+def _warn_bare_base(folder: Path, env_dir: Path, doc: dict) -> None:
+    """A task without environment/Dockerfile runs on conch's bare Debian base: say so, never silently."""
+    env = doc.get("environment")
+    image = env.get("docker_image") if isinstance(env, dict) else None
+    why = f"its [environment] docker_image {image!r} is not pulled" if image else "no Dockerfile or compose file"
+    print(f"conch: warning: {folder.name}: {env_dir / 'Dockerfile'} is missing ({why}); the task runs on the bare "
+          "Debian bookworm base", file=sys.stderr, flush=True)
 
 
 def _version(file: Path, doc: dict) -> str | None:
@@ -108,6 +118,9 @@ def _load(folder: Path) -> Task:
             if (env_dir / name).is_file():
                 compose_file = env_dir / name
                 break
+
+    if dockerfile is None and compose_file is None:
+        _warn_bare_base(folder, env_dir, doc)
 
     solution_dir = folder / "solution"
     solution_script = solution_dir / "solve.sh" if (solution_dir / "solve.sh").is_file() else None

@@ -1,0 +1,57 @@
+"""Files in and out of a Docker sandbox as tar streams (the engine's archive API), with the same extraction checks
+as the local backend (conch/sandbox/localbuild.py `safe_extract`). Links come out as links: read results with
+conch/sandbox/readback.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from conch.sandbox.localbuild import safe_extract
+
+
+def tar_for_upload(src: Path, arcname: str) -> Any:
+    """A tar (a spooled file) of `src` named `arcname` (a path under /), without entries for its parents,
+    which keep their modes and owners in the box."""
+    spool = tempfile.TemporaryFile()
+
+    def norm(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
+    with tarfile.open(fileobj=spool, mode="w") as tar:
+        tar.add(str(src), arcname=arcname, filter=norm)
+    spool.seek(0)
+    return spool
+
+
+def get_archive(api: Any, container: str, path: str, spool: Any) -> None:
+    stream, _stat = api.get_archive(container, path)
+    try:
+        for chunk in stream:
+            spool.write(chunk)
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+
+
+def extract_download(spool: Any, top: str, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".conch-dl-") as tmp:
+        with tarfile.open(fileobj=spool) as tar:  # the same checks as the local backend's download
+            safe_extract(tar, Path(tmp), owner=(os.getuid(), os.getgid()))
+        got = Path(tmp) / top
+        if dest.is_dir() and not dest.is_symlink() and got.is_dir():
+            shutil.copytree(got, dest, symlinks=True, dirs_exist_ok=True)
+        else:
+            if dest.is_dir() and not dest.is_symlink():
+                shutil.rmtree(dest)
+            elif dest.exists() or dest.is_symlink():
+                dest.unlink()
+            os.replace(got, dest)

@@ -199,6 +199,57 @@ def parse_pytest_console(text: str) -> PytestConsole:
     return PytestConsole(tests=tests, counts=parse_final_line(text), collection_errors=collection_errors)
 
 
+# ---------------------------------------------------------------- why a verifier could not run
+
+# Lines that report what went wrong but are not the cause: offline, a test script's `apt-get update` and
+# `curl ... | sh` (installing uv, which the sandbox already has) always fail first.
+_NOISE = re.compile(
+    r"curl: \(\d+\)|Could not resolve host|Temporary failure (in name )?resolution|^(W|Err|Ign):|"
+    r"^E: (Unable to locate|Failed to fetch|Some index files)|apt-get update|Reading package lists|"
+    r"Building dependency tree|Reading state information|/\.local/bin/env: No such file"
+)
+# (kind, pattern) in priority order: the first kind with a matching line is the cause.
+_CAUSES: tuple[tuple[str, re.Pattern], ...] = (
+    ("missing interpreter", re.compile(
+        r"No (interpreter|Python) (found|installation)|[Rr]equested Python version .* not (found|installed)|"
+        r"Python downloads are not allowed|python3?(\.\d+)?: (command )?not found")),
+    ("test collection failed", re.compile(r"^E\s+(\w+(Error|Exception)|ModuleNotFoundError)\b.*")),
+    ("test collection failed", re.compile(r"^(ERROR collecting .*|ImportError while importing test module.*|"
+                                          r"Interrupted: \d+ errors? during collection.*)")),
+    ("dependency unavailable offline", re.compile(
+        r"No solution found when resolving|Because .* (was not found|is not available|were not found)|"
+        r"not found in the (package registry|provided package locations)|Failed to (fetch|download)|"
+        r"Could not find a version that satisfies|No matching distribution found|"
+        r"Network connectivity is disabled|offline mode")),
+    ("module not found", re.compile(r"(ModuleNotFoundError|ImportError): .*|No module named .*")),
+    ("command not found", re.compile(r"(\S+: )+command not found|^\S+: not found$|No such file or directory.*"
+                                     r"(pytest|uvx?|python3?)\b")),
+    ("verifier tool failed", re.compile(r"^(error|ERROR): .*|^\s*[×x] .*|^INTERNALERROR.*|"
+                                        r"^ERROR: file or directory not found.*")),
+)
+
+
+def verifier_failure_cause(text: str) -> tuple[str, str] | None:
+    """(kind, decisive line) when the output shows that the verifier itself could not run its tests (an
+    interpreter, module or dependency missing, a test module that does not import, a tool that failed), else
+    None. Known offline noise (apt, curl) is skipped so it never hides the real cause."""
+    lines = [line.strip() for line in _clean(text) if line.strip() and not _NOISE.search(line)]
+    for kind, rx in _CAUSES:
+        for line in lines:
+            if rx.search(line):
+                return kind, line[:300]
+    return None
+
+
+def collection_failed(text: str) -> bool:
+    """True when pytest reports that a test module could not be collected (import error and the like)."""
+    for line in _clean(text):
+        if re.match(r"^(ERROR collecting |ImportError while importing test module|"
+                    r"Interrupted: \d+ errors? during collection)", line.strip("= ")):
+            return True
+    return False
+
+
 # ---------------------------------------------------------------- static count
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from conch.sandbox.base import SandboxError
+from conch.sandbox.standins import standin_for
 
 _HEREDOC_RE = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
 _DIRECTIVE_RE = re.compile(r"^#\s*([a-zA-Z][a-zA-Z0-9_-]*)\s*=\s*(.*?)\s*$")
@@ -387,6 +388,10 @@ def plan(df: Dockerfile, build_args: dict[str, str] | None = None,
             if not words or (len(words) not in (1, 3)) or (len(words) == 3 and words[1].lower() != "as"):
                 raise SandboxError(f"{path}:{ins.line}: FROM: expected 'FROM image [AS name]'")
             base, seen_from = words[0], True
+            standin = standin_for(base)
+            if standin is not None and standin.workdir:  # what the original image sets (t-bench: /app)
+                cfg["workdir"] = standin.workdir
+                steps.append(BuildStep("workdir", ins.line, ins.raw, standin.workdir, dest=standin.workdir))
         elif kw == "ENV":
             words = subst(ins, ins.value, words=True)
             if words and "=" not in words[0]:

@@ -33,6 +33,8 @@ from conch.sandbox.base import SandboxError
 from conch.sandbox.baseroot import BUILD_ENV, ensure_base_root, recipe_id
 from conch.sandbox.bwrap import BoxConfig, run_box, warn_once
 from conch.sandbox.dockerfile import BuildPlan, BuildStep, parse, plan
+from conch.sandbox.standins import BASE_DESCRIPTION, standin_for
+from conch.sandbox.standins import note as standin_note
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,10 @@ def build_image(context: Path | None, dockerfile: Path | None, quiet: bool = Fal
     if not context.is_dir():
         raise SandboxError(f"build context {context} is not a directory")
     p = plan(parse(dockerfile))
-    warn_once(f"from:{p.config.base_image}", f"FROM {p.config.base_image} runs on the local Debian bookworm base root "
-              f"(first seen in {dockerfile}; use --sandbox docker for the exact image)", kind="note")
+    base = p.config.base_image
+    what = standin_note(base) if standin_for(base) else (f"FROM {base} runs on the local base root "
+                                                         f"({BASE_DESCRIPTION}); use --sandbox docker for the exact image")
+    warn_once(f"from:{base}", f"{what} (first seen in {dockerfile})", kind="note")
     for note in p.notes:
         warn_once(note, note, kind="note")
     return _build(p, context, root, quiet)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from conch.sandbox.base import Sandbox
+from conch.tasks.testdeps import WHEELS_IN_SANDBOX, prefetch
 from conch.tasks.model import Task
 from conch.verify_parsers import (
     TestOutcome,
@@ -161,6 +162,9 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
         await sandbox.upload(task.tests_dir, TESTS_DIR)
         if separate:
             await sandbox.upload(task.test_script, script)
+        wheels, fetch_problem = await asyncio.to_thread(prefetch, task.test_script)
+        if wheels is not None:  # the script's pinned test-time installs, served offline
+            await sandbox.upload(wheels, WHEELS_IN_SANDBOX)
         result = await sandbox.exec(
             f"bash {script}", timeout=task.verifier_timeout_sec, env=dict(task.test_env), output_cap=OUTPUT_CAP
         )
@@ -174,7 +178,8 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
             reward, reward_problem = read_reward(logs)
             tests, n_passed, n_total, source = outcomes_from(logs, output, static_ids)
             details = {"files": sorted(str(p.relative_to(logs)) for p in logs.rglob("*") if p.is_file())}
-        warnings = await _sandbox_warnings(sandbox)
+        warnings = [fetch_problem] if fetch_problem else []
+        warnings += await _sandbox_warnings(sandbox)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # sandbox failure: report it, never a plain 0

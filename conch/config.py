@@ -145,8 +145,10 @@ class PPOConfig:
 
 @dataclass
 class RewardConfig:
-    mode: str = opt("count", "count (passing tests), fraction, binary, or progress (turn-level deltas)",
-                     choices=("count", "fraction", "binary", "progress"))
+    mode: str = opt("count", "count (passing tests), fraction, binary, progress (turn-level deltas), or "
+                     "count_over_nop (passing tests minus those a do-nothing agent passes, measured once per task "
+                     "and cached; floor 0)",
+                     choices=("count", "fraction", "binary", "progress", "count_over_nop"))
     verify_every: int = opt(4, "progress mode: run the verifier every k turns", ge=1)
 
 

@@ -59,8 +59,9 @@ def test_check_examples(agent, expected):
     results = json.loads(proc.stdout)
     assert [r["task"] for r in results] == sorted(expected)
     for r in results:
-        assert set(r) == {"task", "n_passed", "n_total", "reward", "error", "seconds", "resolved"}
+        assert set(r) == {"task", "n_passed", "n_total", "reward", "error", "seconds", "resolved", "nop_passed"}
         assert r["resolved"] == (r["n_passed"] == r["n_total"])
+        assert r["nop_passed"] == NOP[r["task"]][0]  # measured once per task (or this run's own nop count)
         assert r["error"] is None, (r["task"], r["error"])
         assert (r["n_passed"], r["n_total"], r["reward"]) == expected[r["task"]], r
         assert r["seconds"] > 0

@@ -188,6 +188,8 @@ def test_oracle_passes_and_broken_verifier_is_an_error(backend):
     s = res["sales-summary"]
     assert (s["n_passed"], s["n_total"], s["reward"], s["error"], s["resolved"]) == (7, 7, 1.0, None, True)
     assert "warnings" not in s  # -p 3.13 is served as asked
+    assert s["nop_passed"] == 1 and res["tb1-word-lengths"]["nop_passed"] == 1
+    assert res["broken-verifier"]["nop_passed"] is None  # unknown, never guessed
     t = res["tb1-word-lengths"]
     assert (t["n_passed"], t["n_total"], t["reward"], t["resolved"]) == (4, 4, None, True)
     assert any("Python 3.12 was requested" in w and "using Python 3.13" in w for w in t["warnings"])

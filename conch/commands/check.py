@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sandbox", choices=("local", "docker"), default="local", help="sandbox backend (default: local)")
     p.add_argument("--jobs", type=int, default=2, help="tasks run at once (default: 2)")
     p.add_argument("--json", action="store_true", help="print a JSON array of per-task results to stdout")
+    p.add_argument("--no-nop", action="store_true", help="do not measure or show each task's nop count (tests "
+                   "that pass with no action; measured once per task and cached, used by reward.mode count_over_nop)")
     p.add_argument("--logs", metavar="DIR", help="write the whole verifier output of each task that errored "
                    "to DIR/<task>/verifier.log")
     p.set_defaults(func=run)
@@ -29,13 +31,14 @@ def resolved(r) -> bool:
     return r.error is None and r.n_total > 0 and r.n_passed == r.n_total
 
 
-def result_json(r) -> dict:
-    """A result's public JSON: the harness's fields plus `resolved`, and `warnings` when there are any."""
+def result_json(r, nop: dict[str, int | None] | None = None) -> dict:
+    """A result's public JSON: the harness's fields plus `resolved`, `nop_passed` (tests a do-nothing agent
+    passes; null when unknown) unless --no-nop, and `warnings` when there are any."""
     out = {**r.to_json(), "resolved": resolved(r)}
+    if nop is not None:
+        out["nop_passed"] = nop.get(r.task)
     if r.verify is not None and r.verify.warnings:
         out["warnings"] = list(r.verify.warnings)
-    if getattr(r, "nop_passed", None) is not None:
-        out["nop_passed"] = r.nop_passed
     return out
 
 
@@ -78,6 +81,25 @@ def write_logs(results: list, folder) -> None:
             out.write_text(r.verify.log)
 
 
+def nop_column(tasks: list, results: list, args: argparse.Namespace) -> dict[str, int | None]:
+    """Each task's nop count: this run's own when the agent is nop (and cached), else the cache, measuring the
+    tasks not measured yet."""
+    import asyncio
+
+    from conch.tasks import nop
+    from conch.tasks.model import Task
+
+    loaded = [t for t in tasks if isinstance(t, Task)]
+    if args.agent == "nop":
+        by_name = {r.task: r for r in results}
+        for t in loaded:
+            nop.record(t, by_name[t.name])
+        return {r.task: (r.n_passed if r.error is None and r.n_total > 0 else None) for r in results}
+    if any(nop.cached(t) is None for t in loaded):
+        print("conch: measuring the nop count of tasks not measured before (once per task)...", file=sys.stderr)
+    return asyncio.run(nop.nop_counts(loaded, backend=args.sandbox, jobs=args.jobs))
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import json
@@ -106,10 +128,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{done}/{len(tasks)}] {result.task}  {status}  {result.seconds:.1f}s{tail}", file=sys.stderr, flush=True)
 
     results = asyncio.run(run_tasks(tasks, agent=args.agent, backend=args.sandbox, jobs=args.jobs, on_result=progress))
+    nop = None if args.no_nop else nop_column(tasks, results, args)
     if args.logs:
         write_logs(results, args.logs)
     if args.json:
-        print(json.dumps([result_json(r) for r in results], indent=2))
+        print(json.dumps([result_json(r, nop) for r in results], indent=2))
     else:
-        print(format_table(results))
+        print(format_table(results, nop))
     return 0

@@ -168,6 +168,10 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
                 backend=cfg.run.sandbox, seed=it_seed, verify_every=cfg.reward.verify_every if cfg.reward.mode == "progress" else 0,
                 on_done=progress_printer(total) if total <= 16 else None,
             )
+            if cfg.reward.mode == "count_over_nop":  # each task's do-nothing count, measured once and cached
+                from conch.tasks import nop
+
+                await nop.attach(trajs, tasks, backend=cfg.run.sandbox, jobs=cfg.ppo.concurrency)
             return trajs, stats
 
         start_it = 0

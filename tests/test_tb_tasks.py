@@ -6,6 +6,7 @@ The task folders in tests/fixtures/tb2-tasks were written for these tests (own c
   `tabulate`, which only the verifier's test-time install `-w tabulate==0.9.0` brings, and a t-bench base image
   whose relative `COPY` relies on its WORKDIR /app. One test (input unchanged) passes without any action.
 - `broken-verifier`: the same task whose tests import a module nothing installs.
+- `multistage-greet` (TB 2.1 layout): a multi-stage Dockerfile (`COPY --from=builder`) installs a tool.
 - `tb1-word-lengths` (TB1 layout): compose file, `uv venv -p 3.12` (not installed: 3.13 runs, with a
   warning), no reward file (so `resolved` is the outcome), and the t-bench WORKDIR /app check of TB1 scripts.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conch.sandbox import uvshim
-from conch.sandbox.dockerfile import parse, plan
+from conch.sandbox.dockerfile import parse, plan, split_stages
 from conch.sandbox.standins import note, standin_for
 from conch.tasks.testdeps import pinned_requirements
 from conch.verify_parsers import static_test_count, static_test_ids_in_source, verifier_failure_cause
@@ -103,6 +104,26 @@ def test_standin_table():
     assert "not available" not in note("python:3.13-slim-bookworm")
     p = plan(parse(TASKS / "sales-summary" / "environment" / "Dockerfile"))
     assert p.config.workdir == "/app" and p.steps[0].kind == "workdir" and p.steps[1].dest == "/app/"
+
+
+def test_multi_stage_plan():
+    stages = split_stages(parse(TASKS / "multistage-greet" / "environment" / "Dockerfile"))
+    assert [alias for alias, _ in stages] == ["builder", ""]
+    final = plan(stages[1][1])
+    copies = [s for s in final.steps if s.kind == "copy"]
+    assert [(c.from_stage, c.sources, c.dest) for c in copies] == [
+        ("builder", ("/out/bin/greet",), "/usr/local/bin/greet"), ("builder", ("/out/greet.py",), "/opt/greet/greet.py")]
+    assert final.config.workdir == "/app"
+
+
+def test_multi_service_compose_is_a_clear_error(tmp_path):
+    from conch.sandbox.base import SandboxError
+    from conch.sandbox.docker_images import environment_of
+
+    compose = tmp_path / "docker-compose.yaml"
+    compose.write_text("services:\n  client:\n    build: .\n  db:\n    image: postgres:16\n")
+    with pytest.raises(SandboxError, match=r"defines 2 services \(client, db\).*unsupported"):
+        environment_of(tmp_path, None, compose)
 
 
 def test_docker_standin_sets_tbench_workdir():
@@ -190,6 +211,8 @@ def test_oracle_passes_and_broken_verifier_is_an_error(backend):
     assert "warnings" not in s  # -p 3.13 is served as asked
     assert s["nop_passed"] == 1 and res["tb1-word-lengths"]["nop_passed"] == 1
     assert res["broken-verifier"]["nop_passed"] is None  # unknown, never guessed
+    m = res["multistage-greet"]
+    assert (m["n_passed"], m["n_total"], m["reward"], m["error"]) == (4, 4, 1.0, None)
     t = res["tb1-word-lengths"]
     assert (t["n_passed"], t["n_total"], t["reward"], t["resolved"]) == (4, 4, None, True)
     assert any("Python 3.12 was requested" in w and "using Python 3.13" in w for w in t["warnings"])
@@ -200,6 +223,8 @@ def test_nop_gets_the_honest_count(backend):
     res = _check(backend, "nop")
     s = res["sales-summary"]
     assert (s["n_passed"], s["n_total"], s["reward"], s["error"], s["resolved"]) == (1, 7, 0.0, None, False)
+    m = res["multistage-greet"]
+    assert (m["n_passed"], m["n_total"], m["reward"], m["error"]) == (1, 4, 0.0, None)
     t = res["tb1-word-lengths"]
     assert (t["n_passed"], t["n_total"], t["error"]) == (1, 4, None)
     _assert_broken_is_error(res["broken-verifier"])

@@ -50,7 +50,7 @@ UV_PIN = "uv==0.13.9"
 # Marker-conditional dependencies of pytest: not installed on 3.13, but `uv add`/`uv lock` resolve for every
 # Python version and need their metadata.
 UNIVERSAL_EXTRAS = ("colorama==0.4.6", "exceptiongroup==1.3.2", "tomli==2.5.0", "typing_extensions==4.16.0")
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 WHEELS_IN_ROOT = "/opt/conch/wheels"
 STAMP_IN_ROOT = "opt/conch/base.json"
 # Offline, apt's retries with back-off make every `apt-get update` of a verifier script wait ~7 s for nothing.
@@ -78,6 +78,12 @@ RUNTIME_ENV = {
     "UV_PYTHON_PREFERENCE": "only-system",
     "APT_CONFIG": APT_OFFLINE_CONF,
 }
+# Mount point of the host's CA bundle in Dockerfile RUN steps of the local builder (an empty file in the root,
+# so the bind leaves no trace in a layer); the docker builder copies the bundle to the same path.
+BUILD_CA = "/usr/local/share/conch/build-ca.crt"
+# Variables through which common tools find a CA bundle; all point at BUILD_CA in RUN steps.
+CA_VARS = ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+           "GIT_SSL_CAINFO", "CARGO_HTTP_CAINFO")
 # Environment of Dockerfile RUN steps (they have network).
 BUILD_ENV = {
     "PATH": DEFAULT_PATH,
@@ -199,6 +205,9 @@ def _configure(root: Path) -> None:
     for d in ("logs/agent", "logs/verifier", "root/.local/bin", "opt/conch"):
         (root / d).mkdir(parents=True, exist_ok=True)
     (root / APT_OFFLINE_CONF.lstrip("/")).write_text('Acquire::Retries "0";\n')
+    ca = root / BUILD_CA.lstrip("/")
+    ca.parent.mkdir(parents=True, exist_ok=True)
+    ca.write_bytes(b"")
     env_script = root / "root/.local/bin/env"
     env_script.write_text(_UV_ENV_SCRIPT)
     env_script.chmod(0o755)

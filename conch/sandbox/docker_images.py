@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from conch.sandbox.base import SandboxError
+from conch.sandbox.baseroot import BUILD_CA, CA_VARS
 from conch.sandbox.standins import SUPPORTED, standin_for
 from conch.sandbox.standins import note as standin_note
 
@@ -41,10 +42,7 @@ LABEL_TASK = "io.conch.task"
 LABEL_FROM_BASE = "io.conch.from-base"  # "1" on the base, inherited by images built on it: gets its runtime env
 LABEL_OWNER = "io.conch.owner"  # "<hostname>:<pid>" of the process that started a container
 BUILD_DIR = ".conch-build"  # generated files inside the build context
-CA_IN_IMAGE = "/usr/local/share/conch/build-ca.crt"
-# Environment variables through which common tools find a CA bundle; all set (as build ARGs) for RUN steps.
-CA_VARS = ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
-           "GIT_SSL_CAINFO", "CARGO_HTTP_CAINFO")
+CA_IN_IMAGE = BUILD_CA  # the same path as in the local builder's RUN steps
 # Bumped when the way images are generated changes, so old cache entries are not reused.
 GENERATION = "1"
 

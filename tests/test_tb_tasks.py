@@ -228,3 +228,20 @@ def test_nop_gets_the_honest_count(backend):
     t = res["tb1-word-lengths"]
     assert (t["n_passed"], t["n_total"], t["error"]) == (1, 4, None)
     _assert_broken_is_error(res["broken-verifier"])
+
+
+def test_local_build_steps_get_the_host_ca_bundle(tmp_path, base_root):
+    from conch.sandbox.baseroot import BUILD_CA
+    from conch.sandbox.docker_images import build_ca_bundle
+    from conch.sandbox.localbuild import build_image
+
+    bundle = build_ca_bundle()
+    if not bundle:
+        pytest.skip("this machine has no CA bundle")
+    nonce = os.urandom(6).hex()  # a fresh layer: the RUN step really runs
+    (tmp_path / "Dockerfile").write_text(
+        f'FROM python:3.13-slim\nRUN test "$PIP_CERT" = "$SSL_CERT_FILE" && cp "$SSL_CERT_FILE" /ca-{nonce}\n')
+    image = build_image(tmp_path, tmp_path / "Dockerfile", quiet=True)
+    top = image.lowers[0]
+    assert (top / f"ca-{nonce}").read_bytes() == bundle
+    assert not (top / BUILD_CA.lstrip("/")).exists()  # the bind leaves nothing in the layer

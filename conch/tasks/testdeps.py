@@ -84,9 +84,7 @@ def prefetch(script: Path) -> tuple[Path | None, str | None]:
             cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
                    "--only-binary=:all:", "--python-version", TARGET_PYTHON, "--implementation", "cp",
                    *[f"--platform={p}" for p in _PLATFORMS], "-d", str(tmp), *pins]
-            env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_NO_INDEX")}
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                  timeout=600)
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
             if proc.returncode != 0:
                 lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("ERROR")]
                 why = lines[0] if lines else (proc.stdout.strip().splitlines() or ["pip download failed"])[-1]

@@ -74,8 +74,8 @@ def test_check_table_output():
     proc = conch("check", str(EXAMPLES / "rotate-backups"), "--agent", "oracle")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert lines[0].split()[:5] == ["TASK", "TESTS", "RESOLVED", "REWARD", "SECONDS"]
-    assert lines[1].split()[:4] == ["rotate-backups", "4/4", "yes", "-"]
+    assert lines[0].split()[:6] == ["TASK", "TESTS", "RESOLVED", "REWARD", "NOP", "SECONDS"]
+    assert lines[1].split()[:5] == ["rotate-backups", "4/4", "yes", "-", "1"]
     assert lines[-1].startswith("1 tasks: 1 fully passed, 0 errors; tests 4/4 passed")
 
 

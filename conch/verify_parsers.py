@@ -212,7 +212,7 @@ _NOISE = re.compile(
 _CAUSES: tuple[tuple[str, re.Pattern], ...] = (
     ("missing interpreter", re.compile(
         r"No (interpreter|Python) (found|installation)|[Rr]equested Python version .* not (found|installed)|"
-        r"Python downloads are not allowed|python3?(\.\d+)?: (command )?not found")),
+        r"Python downloads are not allowed|Invalid version request|python3?(\.\d+)?: (command )?not found")),
     ("test collection failed", re.compile(r"^E\s+(\w+(Error|Exception)|ModuleNotFoundError)\b.*")),
     ("test collection failed", re.compile(r"^(ERROR collecting .*|ImportError while importing test module.*|"
                                           r"Interrupted: \d+ errors? during collection.*)")),

@@ -2,6 +2,9 @@
 
 Use it to vet tasks before training: `--agent oracle` should score n/n on every task, `--agent nop` fewer.
 Failing tasks are results, not failures of the command: it exits 0 once it ran, 2 on usage errors.
+The table shows, per task, the tests passed, `resolved` (all passed: the outcome of tasks without a reward
+file, such as every TB1 task), the task's own reward, the nop count (tests passing with no action, measured
+once per task and cached; what reward.mode count_over_nop subtracts), and the error or warnings.
 """
 
 from __future__ import annotations

@@ -290,10 +290,13 @@ def _publish(root: Path, base: Path) -> None:
 
 
 def gc_old_roots(min_age_s: float = 3600.0) -> list[str]:
-    """Delete base roots replaced more than `min_age_s` ago and build folders of crashed builds."""
+    """Delete base roots replaced more than `min_age_s` ago (a forced rebuild's `.old-*`, the `root-<id>` of other
+    recipes, unchanged for that long) and build folders of crashed builds."""
     removed = []
     base = paths.base_dir()
-    for entry in base.glob(".old-*") if base.is_dir() else []:
+    current = root_path().name
+    stale = [*base.glob(".old-*"), *(r for r in base.glob("root-*") if r.name != current)] if base.is_dir() else []
+    for entry in stale:
         if time.time() - entry.stat().st_mtime > min_age_s:
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry.name)

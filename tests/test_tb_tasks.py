@@ -244,3 +244,18 @@ def test_local_build_steps_get_the_host_ca_bundle(tmp_path, base_root):
     top = image.lowers[0]
     assert (top / f"ca-{nonce}").read_bytes() == bundle
     assert not (top / BUILD_CA.lstrip("/")).exists()  # the bind leaves nothing in the layer
+
+
+def test_stage_copy_sees_the_merged_layers(tmp_path):
+    from conch.sandbox.stagecopy import merged_entries
+
+    top, bottom = tmp_path / "top", tmp_path / "bottom"
+    for layer, files in ((bottom, ("a", "b", "c")), (top, ("c", "d"))):
+        (layer / "out").mkdir(parents=True)
+        for name in files:
+            (layer / "out" / name).write_text(layer.name)
+    (top / "out" / "b").unlink(missing_ok=True)
+    os.mknod(top / "out" / "b", 0o600 | 0o020000, os.makedev(0, 0))  # an overlay whiteout: b was deleted
+    seen = merged_entries([top, bottom], ["out"])
+    assert sorted(seen) == ["a", "c", "d"]
+    assert seen["c"].read_text() == "top"  # the upper layer hides the lower one

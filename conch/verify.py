@@ -178,7 +178,7 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
             reward, reward_problem = read_reward(logs)
             tests, n_passed, n_total, source = outcomes_from(logs, output, static_ids)
             details = {"files": sorted(str(p.relative_to(logs)) for p in logs.rglob("*") if p.is_file())}
-        warnings = [fetch_problem] if fetch_problem else []
+        warnings = [w for w in (_internet_note(task), fetch_problem) if w]
         warnings += await _sandbox_warnings(sandbox)
     except asyncio.CancelledError:
         raise
@@ -221,6 +221,15 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
         warnings=warnings,
         log=output if error else "",
     )
+
+
+def _internet_note(task: Task) -> str | None:
+    """Say that a task asking for the internet (Harbor `allow_internet = true`) ran without it."""
+    env = task.metadata.get("environment") if isinstance(task.metadata, dict) else None
+    if isinstance(env, dict) and env.get("allow_internet") is True:
+        return ("the task sets allow_internet = true, but conch sandboxes have no network at run time "
+                "(only pinned test-time installs are served offline)")
+    return None
 
 
 async def _sandbox_warnings(sandbox: Sandbox) -> list[str]:

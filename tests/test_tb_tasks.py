@@ -6,7 +6,8 @@ The task folders in tests/fixtures/tb2-tasks were written for these tests (own c
   `tabulate`, which only the verifier's test-time install `-w tabulate==0.9.0` brings, and a t-bench base image
   whose relative `COPY` relies on its WORKDIR /app. One test (input unchanged) passes without any action.
 - `broken-verifier`: the same task whose tests import a module nothing installs.
-- `multistage-greet` (TB 2.1 layout): a multi-stage Dockerfile (`COPY --from=builder`) installs a tool.
+- `multistage-greet` (TB 2.1 layout): a multi-stage Dockerfile (`COPY --from=builder`) installs a tool; it sets
+  `allow_internet = true`, which conch does not grant, and says so in the result's warnings.
 - `tb1-word-lengths` (TB1 layout): compose file, `uv venv -p 3.12` (not installed: 3.13 runs, with a
   warning), no reward file (so `resolved` is the outcome), and the t-bench WORKDIR /app check of TB1 scripts.
 """
@@ -179,8 +180,8 @@ def test_uv_shim_maps_missing_versions_and_says_so(tmp_path):
 # ------------------------------------------------------------------------------------------- end to end
 
 
-def _check(backend: str, agent: str) -> dict[str, dict]:
-    proc = conch("check", str(TASKS), "--agent", agent, "--sandbox", backend, "--json", "--jobs", "2")
+def _check(backend: str, agent: str, *extra: str) -> dict[str, dict]:
+    proc = conch("check", str(TASKS), "--agent", agent, "--sandbox", backend, "--json", "--jobs", "2", *extra)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {r["task"]: r for r in json.loads(proc.stdout)}
 
@@ -204,9 +205,12 @@ def backend(request, base_root) -> str:
     return request.param
 
 
-def test_oracle_passes_nop_gets_the_honest_count_broken_verifier_errors(backend):
+def test_oracle_passes_nop_gets_the_honest_count_broken_verifier_errors(backend, tmp_path):
     # nop first: its counts are cached by task content, so the oracle run after it shows them without new runs
-    res = _check(backend, "nop")
+    res = _check(backend, "nop", "--logs", str(tmp_path / "logs"))
+    log = (tmp_path / "logs" / "broken-verifier" / "verifier.log").read_text()  # the whole output is kept
+    assert "Could not resolve host" in log and "No module named 'conch_no_such_module'" in log
+    assert not (tmp_path / "logs" / "sales-summary").exists()
     s = res["sales-summary"]
     assert (s["n_passed"], s["n_total"], s["reward"], s["error"], s["resolved"]) == (1, 7, 0.0, None, False)
     m = res["multistage-greet"]
@@ -223,6 +227,7 @@ def test_oracle_passes_nop_gets_the_honest_count_broken_verifier_errors(backend)
     assert res["broken-verifier"]["nop_passed"] is None  # unknown, never guessed
     m = res["multistage-greet"]
     assert (m["n_passed"], m["n_total"], m["reward"], m["error"], m["nop_passed"]) == (4, 4, 1.0, None, 1)
+    assert any("allow_internet = true" in w for w in m["warnings"])  # asked for, not granted: said so
     t = res["tb1-word-lengths"]
     assert (t["n_passed"], t["n_total"], t["reward"], t["resolved"]) == (4, 4, None, True)
     assert any("Python 3.12 was requested" in w and "using Python 3.13" in w for w in t["warnings"])

@@ -406,7 +406,8 @@ def plan(df: Dockerfile, build_args: dict[str, str] | None = None,
                     scope.pop(name, None)
         elif kw == "FROM":
             if seen_from:
-                raise _unsupported(path, ins, "a second FROM (multi-stage build)")
+                raise SandboxError(f"{path}:{ins.line}: a second FROM: plan() takes one build stage "
+                                   "(split a multi-stage Dockerfile with split_stages first)")
             if flags.keys() - {"platform"}:
                 raise _unsupported(path, ins, f"FROM flag --{next(iter(flags.keys() - {'platform'}))}")
             words = split_words(ins.value, global_args, esc)

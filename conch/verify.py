@@ -162,7 +162,7 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
         await sandbox.upload(task.tests_dir, TESTS_DIR)
         if separate:
             await sandbox.upload(task.test_script, script)
-        wheels, fetch_problem = await asyncio.to_thread(prefetch, task.test_script)
+        wheels, fetch_problem = await asyncio.to_thread(prefetch, task.test_script, task.tests_dir)
         if wheels is not None:  # the script's pinned test-time installs, served offline
             await sandbox.upload(wheels, WHEELS_IN_SANDBOX)
         result = await sandbox.exec(

@@ -97,6 +97,13 @@ def test_pinned_test_time_requirements():
         "requests==2.32.3", "a==1", "b==2", "attrs==25.3.0"]
 
 
+def test_pinned_requirements_files_under_tests(tmp_path):
+    (tmp_path / "requirements.txt").write_text("# test deps\nnumpy==2.3.1\nrich >= 13\npytest==8.4.1\n")
+    script = "uv pip install --system -r /tests/requirements.txt\npip install -r $TEST_DIR/requirements.txt\n"
+    assert pinned_requirements(script, tmp_path) == ["numpy==2.3.1"]  # unpinned and toolchain pins left out
+    assert pinned_requirements("pip install -r /elsewhere/req.txt\n", tmp_path) == []
+
+
 def test_standin_table():
     assert standin_for("ghcr.io/laude-institute/t-bench/python-3-13:20250620").workdir == "/app"
     assert standin_for("python:3.12-slim-trixie").workdir is None

@@ -6,8 +6,9 @@ test would read as failed. The pins are plain text in `tests/test.sh` / `run-tes
 downloaded once on the host (which may reach the package index, like an image build) as wheels for the
 sandbox's interpreter (CPython 3.13 on Linux x86-64), cached in CONCH_HOME/testdeps/<hash of the pins>, and
 copied into the sandbox's wheelhouse (/opt/conch/wheels, where its offline pip and uv look) before the
-verifier runs. Only pinned requirements (`name==version`) are fetched: an unpinned one would make the cache
-depend on the day. What cannot be fetched (no wheel for the platform, no such version) is returned as a
+verifier runs. Requirement files in the tests folder named by the command (`-r /tests/requirements.txt`) are
+read too. Only pinned requirements (`name==version`) are fetched: an unpinned one would make the cache depend
+on the day. What cannot be fetched (no wheel for the platform, no such version) is returned as a
 problem; the verifier then fails offline and `conch.verify` reports that as an error with its cause.
 """
 
@@ -37,10 +38,16 @@ _INSTALL_CMD = re.compile(r"\b(pip3?(\.\d+)? install|uv pip install|uvx|uv tool 
 _PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,.-]*\])?==[A-Za-z0-9.+!_-]+$")
 
 
-def pinned_requirements(script: str) -> list[str]:
+def pinned_requirements(script: str, tests_dir: Path | None = None) -> list[str]:
     """`name==version` requirements given to an install command in `script` (deduplicated, in order), minus
-    the verifier toolchain the base root already has."""
+    the verifier toolchain the base root already has. Requirement files the command names under /tests
+    (`-r /tests/requirements.txt`, `--with-requirements ...`) are read from `tests_dir`."""
     found: list[str] = []
+
+    def add(word: str) -> None:
+        if _PIN.match(word) and word not in found and word not in VERIFIER_PINS:
+            found.append(word)
+
     for line in script.replace("\\\n", " ").splitlines():
         code = line.split("#", 1)[0] if not line.lstrip().startswith("#") else ""
         if not _INSTALL_CMD.search(code):
@@ -49,11 +56,25 @@ def pinned_requirements(script: str) -> list[str]:
             words = shlex.split(code)
         except ValueError:
             words = code.split()
-        for word in words:
-            word = word.split("=", 1)[1] if word.startswith("--with=") else word
-            if _PIN.match(word) and word not in found and word not in VERIFIER_PINS:
-                found.append(word)
+        for i, word in enumerate(words):
+            if word in ("-r", "--requirement", "--requirements", "--with-requirements") and i + 1 < len(words):
+                for req in _requirements_file(words[i + 1], tests_dir):
+                    add(req)
+                continue
+            add(word.split("=", 1)[1] if word.startswith("--with=") else word)
     return found
+
+
+def _requirements_file(path: str, tests_dir: Path | None) -> list[str]:
+    """The requirement lines of `path` when it is a file of the task's tests folder (uploaded to /tests)."""
+    for prefix in ("/tests/", "$TEST_DIR/", "${TEST_DIR}/"):
+        if path.startswith(prefix) and tests_dir is not None:
+            try:
+                text = (tests_dir / path[len(prefix):]).read_text(errors="replace")
+            except OSError:
+                return []
+            return [ln.split("#", 1)[0].strip().replace(" ", "") for ln in text.splitlines()]
+    return []
 
 
 def cache_dir(pins: list[str]) -> Path:
@@ -61,11 +82,11 @@ def cache_dir(pins: list[str]) -> Path:
     return paths.conch_home() / "testdeps" / key
 
 
-def prefetch(script: Path) -> tuple[Path | None, str | None]:
+def prefetch(script: Path, tests_dir: Path | None = None) -> tuple[Path | None, str | None]:
     """(folder of wheels to copy into the sandbox, problem) for the pins of verifier `script`.
     (None, None) when it pins nothing; a problem is one line naming what could not be fetched."""
     try:
-        pins = pinned_requirements(script.read_text(errors="replace"))
+        pins = pinned_requirements(script.read_text(errors="replace"), tests_dir)
     except OSError:
         return None, None
     if not pins:

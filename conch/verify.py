@@ -178,7 +178,7 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
             reward, reward_problem = read_reward(logs)
             tests, n_passed, n_total, source = outcomes_from(logs, output, static_ids)
             details = {"files": sorted(str(p.relative_to(logs)) for p in logs.rglob("*") if p.is_file())}
-        warnings = [w for w in (_internet_note(task), fetch_problem) if w]
+        warnings = [w for w in (_internet_note(task, sandbox), fetch_problem) if w]
         warnings += await _sandbox_warnings(sandbox)
     except asyncio.CancelledError:
         raise
@@ -223,13 +223,14 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
     )
 
 
-def _internet_note(task: Task) -> str | None:
-    """Say that a task asking for the internet (Harbor `allow_internet = true`) ran without it."""
-    env = task.metadata.get("environment") if isinstance(task.metadata, dict) else None
-    if isinstance(env, dict) and env.get("allow_internet") is True:
-        return ("the task sets allow_internet = true, but conch sandboxes have no network at run time "
-                "(only pinned test-time installs are served offline)")
-    return None
+def _internet_note(task: Task, sandbox: Sandbox) -> str | None:
+    """Say what a task asking for the internet (Harbor `allow_internet = true`) got instead."""
+    if not task.allow_internet:
+        return None
+    if getattr(sandbox, "registries", False):
+        return "the task sets allow_internet = true: it could reach the package registries only (sandbox.network)"
+    return ("the task sets allow_internet = true, but this sandbox had no network at run time "
+            "(sandbox.network = never; only pinned test-time installs are served offline)")
 
 
 async def _sandbox_warnings(sandbox: Sandbox) -> list[str]:

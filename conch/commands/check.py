@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sandbox", choices=("local", "docker"), default="local", help="sandbox backend (default: local)")
     p.add_argument("--jobs", type=int, default=2, help="tasks run at once (default: 2)")
     p.add_argument("--json", action="store_true", help="print a JSON array of per-task results to stdout")
+    p.add_argument("--network", choices=("never", "task"), default="never",
+                   help="never (default): sandboxes are offline; task: a task with allow_internet = true may reach "
+                        "the package registries (PyPI, Debian, npm) through a proxy, nothing else")
     p.add_argument("--no-nop", action="store_true", help="do not measure or show each task's nop count (tests "
                    "that pass with no action; measured once per task and cached, used by reward.mode count_over_nop)")
     p.add_argument("--logs", metavar="DIR", help="write the whole verifier output of each task that errored "
@@ -96,11 +99,11 @@ def nop_column(tasks: list, results: list, args: argparse.Namespace) -> dict[str
     if args.agent == "nop":
         by_name = {r.task: r for r in results}
         for t in loaded:
-            nop.record(t, by_name[t.name])
+            nop.record(t, by_name[t.name], args.network)
         return {r.task: (r.n_passed if r.error is None and r.n_total > 0 else None) for r in results}
-    if any(nop.cached(t) is None for t in loaded):
+    if any(nop.cached(t, args.network) is None for t in loaded):
         print("conch: measuring the nop count of tasks not measured before (once per task)...", file=sys.stderr)
-    return asyncio.run(nop.nop_counts(loaded, backend=args.sandbox, jobs=args.jobs))
+    return asyncio.run(nop.nop_counts(loaded, backend=args.sandbox, jobs=args.jobs, network=args.network))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
         tail = f"  ERROR: {result.error}" if result.error else ""
         print(f"[{done}/{len(tasks)}] {result.task}  {status}  {result.seconds:.1f}s{tail}", file=sys.stderr, flush=True)
 
-    results = asyncio.run(run_tasks(tasks, agent=args.agent, backend=args.sandbox, jobs=args.jobs, on_result=progress))
+    results = asyncio.run(run_tasks(tasks, agent=args.agent, backend=args.sandbox, jobs=args.jobs, on_result=progress,
+                                    network=args.network))
     nop = None if args.no_nop else nop_column(tasks, results, args)
     if args.logs:
         write_logs(results, args.logs)

@@ -23,11 +23,14 @@ from conch.sandbox import paths
 from conch.tasks.model import Task
 
 
-def task_key(task: Task) -> str:
-    """Hash of the task folder's files (names, modes, contents) and the base recipe."""
+def task_key(task: Task, network: str = "never") -> str:
+    """Hash of the task folder's files (names, modes, contents), the base recipe and whether the sandbox had
+    the registries (sandbox.network)."""
     from conch.sandbox.baseroot import recipe_id
+    from conch.sandbox.network import granted
 
-    h = hashlib.sha256(f"conch-nop 1 {recipe_id()} {task.fmt}\0".encode())
+    net = granted(network, task.allow_internet)
+    h = hashlib.sha256(f"conch-nop 1 {recipe_id()} {task.fmt} net={net}\0".encode())
     root = Path(task.path)
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -41,22 +44,22 @@ def task_key(task: Task) -> str:
     return h.hexdigest()[:24]
 
 
-def _cache_file(task: Task) -> Path:
-    return paths.conch_home() / "nop" / f"{task_key(task)}.json"
+def _cache_file(task: Task, network: str = "never") -> Path:
+    return paths.conch_home() / "nop" / f"{task_key(task, network)}.json"
 
 
-def cached(task: Task) -> int | None:
+def cached(task: Task, network: str = "never") -> int | None:
     """The cached nop count of `task`, or None when it was never measured (or could not be)."""
     try:
-        doc = json.loads(_cache_file(task).read_text())
+        doc = json.loads(_cache_file(task, network).read_text())
     except (OSError, ValueError):
         return None
     n = doc.get("nop_passed")
     return n if isinstance(n, int) and n >= 0 else None
 
 
-def store(task: Task, nop_passed: int, n_total: int) -> None:
-    out = _cache_file(task)
+def store(task: Task, nop_passed: int, n_total: int, network: str = "never") -> None:
+    out = _cache_file(task, network)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}")
     tmp.write_text(json.dumps({"task": task.name, "nop_passed": nop_passed, "n_total": n_total,
@@ -64,30 +67,33 @@ def store(task: Task, nop_passed: int, n_total: int) -> None:
     os.replace(tmp, out)
 
 
-def record(task: Task, result) -> None:
+def record(task: Task, result, network: str = "never") -> None:
     """Cache the count of a finished nop `CheckResult` of `task` (nothing when its verifier errored)."""
     if result.error is None and result.n_total > 0:
-        store(task, result.n_passed, result.n_total)
+        store(task, result.n_passed, result.n_total, network)
 
 
-async def nop_counts(tasks: Sequence[Task], backend: str = "local", jobs: int = 2) -> dict[str, int | None]:
+async def nop_counts(tasks: Sequence[Task], backend: str = "local", jobs: int = 2,
+                     network: str = "never") -> dict[str, int | None]:
     """{task name: nop count}, measuring (with the nop agent) only the tasks not cached yet. None: unknown
     (the nop run errored)."""
     from conch.harness import run_tasks
 
-    out: dict[str, int | None] = {t.name: cached(t) for t in tasks}
+    out: dict[str, int | None] = {t.name: cached(t, network) for t in tasks}
     todo = [t for t in tasks if out[t.name] is None]
     if todo:
-        for task, result in zip(todo, await run_tasks(todo, agent="nop", backend=backend, jobs=jobs)):
-            record(task, result)
+        results = await run_tasks(todo, agent="nop", backend=backend, jobs=jobs, network=network)
+        for task, result in zip(todo, results):
+            record(task, result, network)
             out[task.name] = result.n_passed if result.error is None and result.n_total > 0 else None
     return out
 
 
-async def attach(trajs: Sequence, tasks: Sequence[Task], backend: str = "local", jobs: int = 2) -> None:
+async def attach(trajs: Sequence, tasks: Sequence[Task], backend: str = "local", jobs: int = 2,
+                 network: str = "never") -> None:
     """Set `nop_passed` on each trajectory (reward mode count_over_nop); a trajectory whose task's nop count is
     unknown gets a verifier error, so it is excluded from the loss instead of being scored against a guess."""
-    counts = await nop_counts(tasks, backend, jobs)
+    counts = await nop_counts(tasks, backend, jobs, network)
     for tr in trajs:
         n = counts.get(tr.task)
         tr.nop_passed = n

@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
-# The local sandbox base root (Debian bookworm from Debian packages) and the offline verifier toolchain.
+# The local sandbox base root (Debian trixie from Debian packages) and the offline verifier toolchain.
 base: $(STAMP)
 	$(CONCH) images build-base --local
 

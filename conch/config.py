@@ -145,8 +145,10 @@ class PPOConfig:
 
 @dataclass
 class RewardConfig:
-    mode: str = opt("count", "count (passing tests), fraction, binary, or progress (turn-level deltas)",
-                     choices=("count", "fraction", "binary", "progress"))
+    mode: str = opt("count", "count (passing tests), fraction, binary, progress (turn-level deltas), or "
+                     "count_over_nop (passing tests minus those a do-nothing agent passes, measured once per task "
+                     "and cached; floor 0)",
+                     choices=("count", "fraction", "binary", "progress", "count_over_nop"))
     verify_every: int = opt(4, "progress mode: run the verifier every k turns", ge=1)
 
 
@@ -169,6 +171,13 @@ class RunConfig:
 
 
 @dataclass
+class SandboxConfig:
+    network: str = opt("never", "network of task sandboxes at run time: never (offline; builds only), or task "
+                       "(a task with allow_internet = true may reach the package registries, PyPI, Debian, npm, "
+                       "through a proxy; nothing else)", choices=("never", "task"))
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
@@ -179,6 +188,7 @@ class Config:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

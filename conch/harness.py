@@ -20,6 +20,7 @@ from pathlib import Path
 
 from conch.sandbox import make_sandbox
 from conch.sandbox.base import Sandbox
+from conch.sandbox.network import granted
 from conch.tasks.model import Task, TaskLoadError
 from conch.verify import VerifyResult, verify
 from conch.verify_parsers import static_test_count
@@ -122,7 +123,7 @@ def _static_total(task: Task | TaskLoadError) -> int:
 
 
 async def run_task(task: Task | TaskLoadError, agent: str | Sequence[str] = "oracle",
-                   backend: str = "local") -> CheckResult:
+                   backend: str = "local", network: str = "never") -> CheckResult:
     """Build the task's sandbox, let `agent` act, verify, stop the sandbox. Never raises (except cancellation).
 
     `agent` is a scripted agent's name or a list of commands to run as the agent's turns (e.g. a
@@ -140,7 +141,7 @@ async def run_task(task: Task | TaskLoadError, agent: str | Sequence[str] = "ora
         return failed(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")
     sandbox: Sandbox | None = None
     try:
-        sandbox = make_sandbox(backend, task.sandbox_spec())
+        sandbox = make_sandbox(backend, task.sandbox_spec(), registries=granted(network, task.allow_internet))
         await sandbox.start()
         try:
             if isinstance(agent, str):
@@ -182,13 +183,14 @@ async def run_tasks(
     backend: str = "local",
     jobs: int = 1,
     on_result: Callable[[CheckResult], None] | None = None,
+    network: str = "never",
 ) -> list[CheckResult]:
     """`run_task` over `tasks`, at most `jobs` at a time; results in input order, `on_result` as each ends."""
     gate = asyncio.Semaphore(max(1, jobs))
 
     async def one(task: Task | TaskLoadError) -> CheckResult:
         async with gate:
-            result = await run_task(task, agent, backend)
+            result = await run_task(task, agent, backend, network)
         if on_result is not None:
             on_result(result)
         return result

@@ -14,9 +14,13 @@ What the fields mean:
 - `tests`, `n_passed`, `n_total` come from the richest source present: CTRF JSON, then JUnit XML, then the
   pytest console output (`-rA` summary / `-v` lines, cross-checked with the final "N passed" line).
 - `error` is set for a verifier failure: timeout, bootstrap crash (test script exited before any test ran),
-  no reward file and no test results, an unreadable reward file, or a sandbox failure. A verifier error is
-  never a plain 0: with `error` set, `reward` is None, and when no test ran `n_total` is the static count of
-  the tests folder, so a crash reads 0/N, never 0/0.
+  no reward file and no test results, an unreadable reward file, a test module pytest could not collect
+  (import error), or a sandbox failure. A verifier error is never a plain 0: with `error` set, `reward` is
+  None, and when no test ran `n_total` is the static count of the tests folder, so a crash reads 0/N, never
+  0/0. The message names the decisive cause ("missing interpreter: ...", "module not found: No module named
+  'x'", "dependency unavailable offline: ..."), found by `verifier_failure_cause`, not the last line of output
+  (offline, that is usually an unrelated `curl: Could not resolve host`); `log` keeps the whole output.
+- `warnings`: what the sandbox substituted (e.g. the uv shim running Python 3.13 for a `-p 3.11` request).
 """
 
 from __future__ import annotations
@@ -33,13 +37,24 @@ from pathlib import Path
 from conch.sandbox.base import Sandbox
 from conch.sandbox.readback import DOWNLOAD_CAP, LOG_CAP, REWARD_CAP, ReadBackError, clip, read_text, walk_regular
 from conch.tasks.model import Task
-from conch.verify_parsers import (TestOutcome, find_ctrf, find_junit, parse_pytest_console, report_problems,
-                                  static_test_ids)
+from conch.tasks.testdeps import WHEELS_IN_SANDBOX, prefetch
+from conch.verify_parsers import (
+    TestOutcome,
+    collection_failed,
+    find_ctrf,
+    find_junit,
+    parse_pytest_console,
+    report_problems,
+    static_test_ids,
+    verifier_failure_cause,
+)
 
 TESTS_DIR = "/tests"
 LOGS_DIR = "/logs/verifier"
 OUTPUT_CAP = 1024 * 1024  # the pytest summary is at the very end; keep plenty so it survives
 TAIL_CHARS = 4000
+# Where the base root's uv shim records interpreter substitutions (conch.sandbox.baseroot.WARNINGS_FILE).
+SANDBOX_WARNINGS = "/var/log/conch/warnings.log"
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,8 @@ class VerifyResult:
     source: str = "static"
     exit_code: int | None = None
     details: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    log: str = ""  # the verifier's whole output (up to OUTPUT_CAP), kept when `error` is set
 
 
 def read_reward(folder: Path) -> tuple[float | None, str | None]:
@@ -176,10 +193,14 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
     static_ids = static_test_ids(task.tests_dir)
     script, separate = _script_dest(task)
     try:
-        await sandbox.exec(f"rm -rf {TESTS_DIR} {LOGS_DIR}; mkdir -p {LOGS_DIR} && chmod 777 {LOGS_DIR}", timeout=60)
+        await sandbox.exec(f"rm -rf {TESTS_DIR} {LOGS_DIR} {SANDBOX_WARNINGS}; mkdir -p {LOGS_DIR} && "
+                           f"chmod 777 {LOGS_DIR}", timeout=60)
         await sandbox.upload(task.tests_dir, TESTS_DIR)
         if separate:
             await sandbox.upload(task.test_script, script)
+        wheels, fetch_problem = await asyncio.to_thread(prefetch, task.test_script, task.tests_dir)
+        if wheels is not None:  # the script's pinned test-time installs, served offline
+            await sandbox.upload(wheels, WHEELS_IN_SANDBOX)
         result = await sandbox.exec(
             f"bash {script}", timeout=task.verifier_timeout_sec, env=dict(task.test_env), output_cap=OUTPUT_CAP
         )
@@ -199,6 +220,8 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
             reward_problem = download_problem or reward_problem
             tests, n_passed, n_total, source = outcomes_from(logs, output, static_ids)
             details = {"files": _listing(logs), "report_problems": report_problems(logs)}
+        warnings = [w for w in (_internet_note(task, sandbox), fetch_problem) if w]
+        warnings += await _sandbox_warnings(sandbox)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # sandbox failure: report it, never a plain 0
@@ -213,10 +236,16 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
         )
 
     error = _diagnose(result.timed_out, result.exit_code, task, reward, reward_problem, n_total, len(static_ids))
-    if error and details["report_problems"]:
+    if not error and collection_failed(output):
+        error = "verifier could not collect its tests"
+    if error and details.get("report_problems"):
         error = f"{error}; {clip(details['report_problems'][0])}"
-    if error and not result.timed_out and (last := _last_line(output)):
-        error = f"{error}; last output: {last}"
+    if error and not result.timed_out:
+        cause = verifier_failure_cause(output)
+        if cause:
+            error = f"{error}: {cause[0]}: {clip(cause[1])}"
+        elif last := _last_line(output):
+            error = f"{error}; last output: {last}"
     if error:
         reward = None
         n_total = max(n_total, len(static_ids))
@@ -233,7 +262,28 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
         source=source,
         exit_code=result.exit_code,
         details=details,
+        warnings=warnings,
+        log=output if error else "",
     )
+
+
+def _internet_note(task: Task, sandbox: Sandbox) -> str | None:
+    """Say what a task asking for the internet (Harbor `allow_internet = true`) got instead."""
+    if not task.allow_internet:
+        return None
+    if getattr(sandbox, "registries", False):
+        return "the task sets allow_internet = true: it could reach the package registries only (sandbox.network)"
+    return ("the task sets allow_internet = true, but this sandbox had no network at run time "
+            "(sandbox.network = never; only pinned test-time installs are served offline)")
+
+
+async def _sandbox_warnings(sandbox: Sandbox) -> list[str]:
+    """Lines the sandbox's tools wrote to SANDBOX_WARNINGS during the verifier run (deduplicated)."""
+    try:
+        r = await sandbox.exec(f"cat {SANDBOX_WARNINGS} 2>/dev/null | head -c 20000", timeout=30)
+    except Exception:  # a sandbox that cannot answer any more: the run's own error says so
+        return []
+    return list(dict.fromkeys(line.strip() for line in r.stdout.splitlines() if line.strip()))
 
 
 def _last_line(output: str, limit: int = 160) -> str:

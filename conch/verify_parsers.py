@@ -236,16 +236,97 @@ def parse_pytest_console(text: str) -> PytestConsole:
     return PytestConsole(tests=tests, counts=parse_final_line(text), collection_errors=collection_errors)
 
 
+# ---------------------------------------------------------------- why a verifier could not run
+
+# Lines that report what went wrong but are not the cause: offline, a test script's `apt-get update` and
+# `curl ... | sh` (installing uv, which the sandbox already has) always fail first.
+_NOISE = re.compile(
+    r"curl: \(\d+\)|Could not resolve host|Temporary failure (in name )?resolution|^(W|Err|Ign):|"
+    r"^E: (Unable to locate|Failed to fetch|Some index files)|apt-get update|Reading package lists|"
+    r"Building dependency tree|Reading state information|/\.local/bin/env: No such file"
+)
+# (kind, pattern) in priority order: the first kind with a matching line is the cause.
+_CAUSES: tuple[tuple[str, re.Pattern], ...] = (
+    ("missing interpreter", re.compile(
+        r"No (interpreter|Python) (found|installation)|[Rr]equested Python version .* not (found|installed)|"
+        r"Python downloads are not allowed|Invalid version request|python3?(\.\d+)?: (command )?not found")),
+    ("test collection failed", re.compile(r"^E\s+(\w+(Error|Exception)|ModuleNotFoundError)\b.*")),
+    ("test collection failed", re.compile(r"^(ERROR collecting .*|ImportError while importing test module.*|"
+                                          r"Interrupted: \d+ errors? during collection.*)")),
+    ("dependency unavailable offline", re.compile(r"Because .* (was|were) not found|not found in the "
+                                                  r"(package registry|provided package locations)")),
+    ("dependency unavailable offline", re.compile(
+        r"No solution found when resolving|Failed to (fetch|download)|"
+        r"Could not find a version that satisfies|No matching distribution found|"
+        r"Network connectivity is disabled|offline mode")),
+    ("module not found", re.compile(r"(ModuleNotFoundError|ImportError): .*|No module named .*")),
+    ("command not found", re.compile(r"(\S+: )+command not found|^\S+: not found$|No such file or directory.*"
+                                     r"(pytest|uvx?|python3?)\b")),
+    ("verifier tool failed", re.compile(r"^(error|ERROR): .*|^\s*[×x] .*|^INTERNALERROR.*|"
+                                        r"^ERROR: file or directory not found.*")),
+)
+
+
+def verifier_failure_cause(text: str) -> tuple[str, str] | None:
+    """(kind, decisive line) when the output shows that the verifier itself could not run its tests (an
+    interpreter, module or dependency missing, a test module that does not import, a tool that failed), else
+    None. Known offline noise (apt, curl) is skipped so it never hides the real cause."""
+    lines = [line.strip() for line in _clean(text) if line.strip() and not _NOISE.search(line)]
+    for kind, rx in _CAUSES:
+        for line in lines:
+            if rx.search(line):
+                return kind, re.sub(r"^(E\s+|[×╰─▶\s]+)", "", line)[:300]
+    return None
+
+
+def collection_failed(text: str) -> bool:
+    """True when pytest reports that a test module could not be collected (import error and the like)."""
+    for line in _clean(text):
+        if re.match(r"^(ERROR collecting |ImportError while importing test module|"
+                    r"Interrupted: \d+ errors? during collection)", line.strip("= ")):
+            return True
+    return False
+
+
 # ---------------------------------------------------------------- static count
 
 
-def _literal_len(node: ast.expr, names: dict[str, ast.expr]) -> int | None:
-    if isinstance(node, ast.Name) and node.id in names:  # CASES = [...] at module level
-        node = names[node.id]
+_SAME_LEN_CALLS = ("sorted", "list", "tuple", "reversed", "enumerate")
+
+
+def _literal_len(node: ast.expr | None, names: dict[str, ast.expr], depth: int = 0) -> int | None:
+    """How many cases a parametrize argument literally holds: a list/tuple/set/dict literal, a module-level
+    name bound to one, `sorted(...)`/`list(...)`/`d.items()` of one, `range(...)` of constants, a
+    comprehension over one, or a `+`/`*` of those. None when it cannot be known without running code."""
+    if node is None or depth > 8:
+        return None
+    again = lambda n: _literal_len(n, names, depth + 1)  # noqa: E731
+    if isinstance(node, ast.Name):  # CASES = [...] at module level
+        return again(names[node.id]) if node.id in names else None
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        return len(node.elts)
+        return None if any(isinstance(e, ast.Starred) for e in node.elts) else len(node.elts)
     if isinstance(node, ast.Dict):
-        return len(node.keys)
+        return None if any(k is None for k in node.keys) else len(node.keys)
+    if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)) and len(node.generators) == 1:
+        gen = node.generators[0]
+        return None if gen.ifs else again(gen.iter)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = again(node.left), again(node.right)
+        return left + right if left is not None and right is not None else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        for seq, k in ((node.left, node.right), (node.right, node.left)):
+            if isinstance(k, ast.Constant) and isinstance(k.value, int) and (n := again(seq)) is not None:
+                return n * k.value
+        return None
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in _SAME_LEN_CALLS and len(node.args) == 1:
+            return again(node.args[0])
+        if isinstance(func, ast.Name) and func.id == "range" and 1 <= len(node.args) <= 3:
+            if all(isinstance(a, ast.Constant) and isinstance(a.value, int) for a in node.args):
+                return len(range(*(a.value for a in node.args)))  # type: ignore[misc]
+        if isinstance(func, ast.Attribute) and func.attr in ("items", "keys", "values") and not node.args:
+            return again(func.value)
     return None
 
 
@@ -268,16 +349,33 @@ def _parametrize_cases(decorators: list[ast.expr], names: dict[str, ast.expr]) -
     return total
 
 
-def _function_ids(
-    prefix: str, fn: ast.FunctionDef | ast.AsyncFunctionDef, extra: int, names: dict[str, ast.expr]
-) -> list[str]:
+def _fixture_params(tree: ast.Module, names: dict[str, ast.expr]) -> dict[str, int]:
+    """Module-level `@pytest.fixture(params=[...])` fixtures and how many cases each gives a test using it."""
+    out: dict[str, int] = {}
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for dec in node.decorator_list:
+            if isinstance(dec, ast.Call) and isinstance(dec.func, (ast.Attribute, ast.Name)) and \
+                    getattr(dec.func, "attr", getattr(dec.func, "id", "")) == "fixture":
+                for kw in dec.keywords:
+                    if kw.arg == "params" and (n := _literal_len(kw.value, names)):
+                        out[node.name] = n
+    return out
+
+
+def _function_ids(prefix: str, fn: ast.FunctionDef | ast.AsyncFunctionDef, extra: int,
+                  names: dict[str, ast.expr], fixtures: dict[str, int]) -> list[str]:
     n = _parametrize_cases(fn.decorator_list, names) * extra
+    for arg in fn.args.args:
+        n *= fixtures.get(arg.arg, 1)
     base = f"{prefix}::{fn.name}"
     return [base] if n == 1 else [f"{base}[{i}]" for i in range(n)]
 
 
 def static_test_ids_in_source(source: str, filename: str = "test.py") -> list[str]:
-    """Test ids pytest would collect from one file by default rules (parametrized cases numbered, not named)."""
+    """Test ids pytest would collect from one file by default rules (parametrized cases numbered, not named;
+    cases of `parametrize` and of parametrized module fixtures included)."""
     try:
         tree = ast.parse(source, filename=filename)
     except SyntaxError:
@@ -286,15 +384,18 @@ def static_test_ids_in_source(source: str, filename: str = "test.py") -> list[st
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             names[node.targets[0].id] = node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            names[node.target.id] = node.value
+    fixtures = _fixture_params(tree, names)
     ids: list[str] = []
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
-            ids.extend(_function_ids(filename, node, 1, names))
+            ids.extend(_function_ids(filename, node, 1, names, fixtures))
         elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
             class_cases = _parametrize_cases(node.decorator_list, names)
             for item in node.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test"):
-                    ids.extend(_function_ids(f"{filename}::{node.name}", item, class_cases, names))
+                    ids.extend(_function_ids(f"{filename}::{node.name}", item, class_cases, names, fixtures))
     return ids
 
 

@@ -21,6 +21,7 @@ ORACLE = {
     "fix-inventory": (5, 5, 1.0),
     "log-levels": (5, 5, 1.0),
     "merge-config": (5, 5, None),  # TB1: no reward file, reward stays None
+    "port-conflicts": (5, 5, 1.0),  # exact TB 2.1 layout, the standard `uvx -p 3.13` verifier
     "rotate-backups": (4, 4, None),
     "word-count": (5, 5, 1.0),
 }
@@ -28,6 +29,7 @@ NOP = {
     "fix-inventory": (1, 5, 0.0),
     "log-levels": (0, 5, 0.0),
     "merge-config": (1, 5, None),
+    "port-conflicts": (1, 5, 0.0),
     "rotate-backups": (1, 4, None),
     "word-count": (1, 5, 0.0),
 }
@@ -57,7 +59,9 @@ def test_check_examples(agent, expected):
     results = json.loads(proc.stdout)
     assert [r["task"] for r in results] == sorted(expected)
     for r in results:
-        assert set(r) == {"task", "n_passed", "n_total", "reward", "error", "seconds"}
+        assert set(r) == {"task", "n_passed", "n_total", "reward", "error", "seconds", "resolved", "nop_passed"}
+        assert r["resolved"] == (r["n_passed"] == r["n_total"])
+        assert r["nop_passed"] == NOP[r["task"]][0]  # measured once per task (or this run's own nop count)
         assert r["error"] is None, (r["task"], r["error"])
         assert (r["n_passed"], r["n_total"], r["reward"]) == expected[r["task"]], r
         assert r["seconds"] > 0
@@ -70,8 +74,8 @@ def test_check_table_output():
     proc = conch("check", str(EXAMPLES / "rotate-backups"), "--agent", "oracle")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert lines[0].split()[:4] == ["TASK", "TESTS", "REWARD", "SECONDS"]
-    assert lines[1].split()[:3] == ["rotate-backups", "4/4", "-"]
+    assert lines[0].split()[:6] == ["TASK", "TESTS", "RESOLVED", "REWARD", "NOP", "SECONDS"]
+    assert lines[1].split()[:5] == ["rotate-backups", "4/4", "yes", "-", "1"]
     assert lines[-1].startswith("1 tasks: 1 fully passed, 0 errors; tests 4/4 passed")
 
 

@@ -177,8 +177,7 @@ def test_ignored_and_recorded_instructions():
 
 
 @pytest.mark.parametrize("body, line, needle", [
-    ("FROM a AS build\nRUN make\nFROM b\nCOPY --from=build /out /out\n", 3, "FROM"),
-    ("FROM a\nCOPY --from=builder /x /x\n", 2, "COPY --from"),
+    ("FROM a AS b\nCOPY --from=b /x* /x/\n", 2, "COPY --from with a wildcard source"),
     ("FROM a\nADD https://example.com/f.tgz /f\n", 2, "ADD from a URL"),
     ("FROM a\nONBUILD RUN make\n", 2, "ONBUILD"),
     ("FROM a\nUSER nobody\n", 2, "USER nobody"),
@@ -191,6 +190,19 @@ def test_unsupported_instructions_name_file_line_and_suggest_docker(body, line, 
     assert f"{DF}:{line}:" in msg
     assert needle in msg
     assert "--sandbox docker" in msg
+
+
+def test_multi_stage_files_are_split_before_planning(tmp_path, base_root):
+    from conch.sandbox.dockerfile import split_stages
+    from conch.sandbox.localbuild import build_image
+
+    body = "ARG V=1\nFROM a AS build\nRUN make\nFROM build\nCOPY --from=build /out /out\nFROM b\n"
+    assert [alias for alias, _ in split_stages(parse(DF, body))] == ["build", "", ""]
+    with pytest.raises(SandboxError, match="a second FROM: plan\\(\\) takes one build stage"):
+        plan(parse(DF, body))
+    (tmp_path / "Dockerfile").write_text("FROM python:3.13\nCOPY --from=builder /x /x\n")
+    with pytest.raises(SandboxError, match=r"Dockerfile:2: COPY --from=builder: no earlier build stage"):
+        build_image(tmp_path, tmp_path / "Dockerfile", quiet=True)
 
 
 @pytest.mark.parametrize("body, needle", [

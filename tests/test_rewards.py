@@ -105,3 +105,35 @@ def test_partition_batch_rewards_and_metrics():
     assert m["reward/scored"] == 2 and m["reward/excluded"] == 1 and m["reward/excluded_verifier"] == 1
     assert m["reward/mean"] == pytest.approx(3.0) and m["reward/pass_all"] == pytest.approx(0.5)
     assert m["reward/test_fraction_mean"] == pytest.approx(0.75)
+
+
+def test_count_over_nop_cannot_be_earned_by_doing_nothing():
+    assert scalar_reward(make_traj(n_passed=4, nop_passed=1), "count_over_nop") == 3.0
+    assert scalar_reward(make_traj(n_passed=1, nop_passed=1), "count_over_nop") == 0.0  # what nop gets: 0
+    assert scalar_reward(make_traj(n_passed=0, nop_passed=1), "count_over_nop") == 0.0  # floor 0
+    assert reward_placements(make_traj(n_passed=5, nop_passed=2), "count_over_nop") == [(13, 3.0)]
+    with pytest.raises(ValueError, match="nop count"):
+        scalar_reward(make_traj(), "count_over_nop")
+
+
+def test_nop_counts_cached_by_task_content(tmp_path, monkeypatch):
+    import asyncio
+    import shutil
+    from pathlib import Path
+
+    from conch.tasks import nop
+    from conch.tasks.loader import load_tasks
+
+    monkeypatch.setenv("CONCH_HOME", str(tmp_path / "home"))
+    shutil.copytree(Path(__file__).resolve().parents[1] / "examples" / "tasks" / "word-count", tmp_path / "word-count")
+    (task,) = load_tasks([tmp_path / "word-count"])
+    assert nop.cached(task) is None
+    nop.store(task, 1, 5)
+    assert nop.cached(task) == 1
+    assert asyncio.run(nop.nop_counts([task])) == {"word-count": 1}  # cached: no sandbox started
+    trajs = [Trajectory(task="word-count", sample=0)]
+    asyncio.run(nop.attach(trajs, [task]))
+    assert trajs[0].nop_passed == 1 and trajs[0].verifier_error is None
+    (tmp_path / "word-count" / "tests" / "test_outputs.py").write_text("def test_changed():\n    pass\n")
+    (task,) = load_tasks([tmp_path / "word-count"])
+    assert nop.cached(task) is None  # another task content: measured again

@@ -246,8 +246,8 @@ STATIC_SOURCE = textwrap.dedent(
 
 def test_static_count_source():
     ids = static_test_ids_in_source(STATIC_SOURCE, "test_x.py")
-    # one + async + 3*2 grid + 2 kw + 2 (CASES) + 1 (non-literal list counts once) + 2 class-parametrized
-    assert len(ids) == 1 + 1 + 6 + 2 + 2 + 1 + 2
+    # one + async + 3*2 grid + 2 kw + 2 (CASES) + 4 (list(range(4))) + 2 class-parametrized
+    assert len(ids) == 1 + 1 + 6 + 2 + 2 + 4 + 2
     assert "test_x.py::test_one" in ids and "test_x.py::TestThings::test_m[1]" in ids
     assert static_test_ids_in_source("def test_(:\n", "broken.py") == []
 
@@ -257,7 +257,7 @@ def test_static_count_folder(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b_test.py").write_text("def test_b():\n    pass\n")
     (tmp_path / "helpers.py").write_text("def test_not_collected():\n    pass\n")
-    assert static_test_count(tmp_path) == 15 + 1
+    assert static_test_count(tmp_path) == 18 + 1
     assert "sub/b_test.py::test_b" in static_test_ids(tmp_path)
     assert static_test_count(tmp_path / "missing") == 0
 

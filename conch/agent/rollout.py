@@ -53,13 +53,15 @@ async def run_one(
     backend: str = "local",
     seed: int | None = None,
     verify_every: int = 0,
+    network: str = "never",
 ) -> Trajectory:
     """One episode of `task` in a fresh sandbox, then its verifier. Never raises (except cancellation)."""
     from conch.sandbox import make_sandbox
+    from conch.sandbox.network import granted
     from conch.verify import verify
 
     traj = Trajectory(task=task.name, sample=sample, mode=cfg.mode)
-    sandbox = make_sandbox(backend, task.sandbox_spec())
+    sandbox = make_sandbox(backend, task.sandbox_spec(), registries=granted(network, task.allow_internet))
     t0 = time.monotonic()
     try:
         await sandbox.start()
@@ -122,6 +124,7 @@ async def run_rollouts(
     out: Path | None = None,
     verify_every: int = 0,
     on_done: Callable[[Trajectory], None] | None = None,
+    network: str = "never",
 ) -> tuple[list[Trajectory], RolloutStats]:
     """Run `n_per_task` episodes of every task, `concurrency` at a time; results in (task, sample) order."""
     gate = asyncio.Semaphore(max(1, concurrency))
@@ -133,7 +136,8 @@ async def run_rollouts(
     async def one(i: int, task: Task, k: int) -> Trajectory:
         nonlocal done
         async with gate:
-            traj = await run_one(engine, codec, task, k, cfg, backend, seed=seed * 1_000_003 + i, verify_every=verify_every)
+            traj = await run_one(engine, codec, task, k, cfg, backend, seed=seed * 1_000_003 + i, verify_every=verify_every,
+                                 network=network)
         done += 1
         if fh is not None:
             fh.write(traj.dumps() + "\n")

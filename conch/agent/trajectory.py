@@ -87,6 +87,8 @@ class Trajectory:
     timings: dict[str, float] = field(default_factory=dict)
     # Passing counts measured during the episode (reward mode `progress`): (turn index, n_passed).
     progress: list[tuple[int, int]] = field(default_factory=list)
+    # Tests of this task that pass with no action (reward mode `count_over_nop`; conch.tasks.nop).
+    nop_passed: int | None = None
 
     @property
     def num_sampled(self) -> int:

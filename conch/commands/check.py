@@ -2,6 +2,9 @@
 
 Use it to vet tasks before training: `--agent oracle` should score n/n on every task, `--agent nop` fewer.
 Failing tasks are results, not failures of the command: it exits 0 once it ran, 2 on usage errors.
+The table shows, per task, the tests passed, `resolved` (all passed: the outcome of tasks without a reward
+file, such as every TB1 task), the task's own reward, the nop count (tests passing with no action, measured
+once per task and cached; what reward.mode count_over_nop subtracts), and the error or warnings.
 """
 
 from __future__ import annotations
@@ -19,26 +22,88 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sandbox", choices=("local", "docker"), default="local", help="sandbox backend (default: local)")
     p.add_argument("--jobs", type=int, default=2, help="tasks run at once (default: 2)")
     p.add_argument("--json", action="store_true", help="print a JSON array of per-task results to stdout")
+    p.add_argument("--network", choices=("never", "task"), default="never",
+                   help="never (default): sandboxes are offline; task: a task with allow_internet = true may reach "
+                        "the package registries (PyPI, Debian, npm) through a proxy, nothing else")
+    p.add_argument("--no-nop", action="store_true", help="do not measure or show each task's nop count (tests "
+                   "that pass with no action; measured once per task and cached, used by reward.mode count_over_nop)")
+    p.add_argument("--logs", metavar="DIR", help="write the whole verifier output of each task that errored "
+                   "to DIR/<task>/verifier.log")
     p.set_defaults(func=run)
 
 
-def format_table(results: list) -> str:
-    """Aligned table: task, passed/total, reward, seconds, error; then a totals line."""
-    rows = [("TASK", "TESTS", "REWARD", "SECONDS", "ERROR")]
+def resolved(r) -> bool:
+    """Terminal-Bench's official outcome when a task writes no reward (every TB1 task): all tests passed."""
+    return r.error is None and r.n_total > 0 and r.n_passed == r.n_total
+
+
+def result_json(r, nop: dict[str, int | None] | None = None) -> dict:
+    """A result's public JSON: the harness's fields plus `resolved`, `nop_passed` (tests a do-nothing agent
+    passes; null when unknown) unless --no-nop, and `warnings` when there are any."""
+    out = {**r.to_json(), "resolved": resolved(r)}
+    if nop is not None:
+        out["nop_passed"] = nop.get(r.task)
+    if r.verify is not None and r.verify.warnings:
+        out["warnings"] = list(r.verify.warnings)
+    return out
+
+
+def format_table(results: list, nop: dict[str, int | None] | None = None) -> str:
+    """Aligned table: task, passed/total, resolved, reward, [nop], seconds, error/warnings; then totals."""
+    head = ["TASK", "TESTS", "RESOLVED", "REWARD"] + (["NOP"] if nop is not None else []) + ["SECONDS"]
+    rows = [(*head, "ERROR")]
     for r in results:
         reward = "-" if r.reward is None else f"{r.reward:g}"
-        rows.append((r.task, f"{r.n_passed}/{r.n_total}", reward, f"{r.seconds:.1f}", r.error or ""))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
+        cells = [r.task, f"{r.n_passed}/{r.n_total}", "yes" if resolved(r) else "no", reward]
+        if nop is not None:
+            n = nop.get(r.task)
+            cells.append("?" if n is None else str(n))
+        note = r.error or ""
+        if r.verify is not None and r.verify.warnings:
+            note = (note + "; " if note else "") + "warning: " + "; ".join(r.verify.warnings)
+        rows.append((*cells, f"{r.seconds:.1f}", note))
+    k = len(head)
+    widths = [max(len(row[i]) for row in rows) for i in range(k)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:k], widths)) + "  " + row[k] for row in rows]
     n_passed = sum(r.n_passed for r in results)
     n_total = sum(r.n_total for r in results)
-    solved = sum(1 for r in results if r.error is None and r.n_total > 0 and r.n_passed == r.n_total)
+    solved = sum(1 for r in results if resolved(r))
     errors = sum(1 for r in results if r.error)
     lines.append(
         f"{len(results)} tasks: {solved} fully passed, {errors} errors; "
         f"tests {n_passed}/{n_total} passed; {sum(r.seconds for r in results):.1f}s total task time"
     )
     return "\n".join(line.rstrip() for line in lines)
+
+
+def write_logs(results: list, folder) -> None:
+    """The verifier's whole output of every task that errored, as <folder>/<task>/verifier.log."""
+    from pathlib import Path
+
+    for r in results:
+        if r.verify is not None and r.verify.log:
+            out = Path(folder) / r.task / "verifier.log"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(r.verify.log)
+
+
+def nop_column(tasks: list, results: list, args: argparse.Namespace) -> dict[str, int | None]:
+    """Each task's nop count: this run's own when the agent is nop (and cached), else the cache, measuring the
+    tasks not measured yet."""
+    import asyncio
+
+    from conch.tasks import nop
+    from conch.tasks.model import Task
+
+    loaded = [t for t in tasks if isinstance(t, Task)]
+    if args.agent == "nop":
+        by_name = {r.task: r for r in results}
+        for t in loaded:
+            nop.record(t, by_name[t.name], args.network)
+        return {r.task: (r.n_passed if r.error is None and r.n_total > 0 else None) for r in results}
+    if any(nop.cached(t, args.network) is None for t in loaded):
+        print("conch: measuring the nop count of tasks not measured before (once per task)...", file=sys.stderr)
+    return asyncio.run(nop.nop_counts(loaded, backend=args.sandbox, jobs=args.jobs, network=args.network))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,9 +133,13 @@ def run(args: argparse.Namespace) -> int:
         tail = f"  ERROR: {result.error}" if result.error else ""
         print(f"[{done}/{len(tasks)}] {result.task}  {status}  {result.seconds:.1f}s{tail}", file=sys.stderr, flush=True)
 
-    results = asyncio.run(run_tasks(tasks, agent=args.agent, backend=args.sandbox, jobs=args.jobs, on_result=progress))
+    results = asyncio.run(run_tasks(tasks, agent=args.agent, backend=args.sandbox, jobs=args.jobs, on_result=progress,
+                                    network=args.network))
+    nop = None if args.no_nop else nop_column(tasks, results, args)
+    if args.logs:
+        write_logs(results, args.logs)
     if args.json:
-        print(json.dumps([r.to_json() for r in results], indent=2))
+        print(json.dumps([result_json(r, nop) for r in results], indent=2))
     else:
-        print(format_table(results))
+        print(format_table(results, nop))
     return 0

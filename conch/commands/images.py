@@ -1,6 +1,6 @@
 """`conch images build-base`: build the base environment the sandboxes start from.
 
-`--local` builds the Debian bookworm base root of the local (bubblewrap) backend under CONCH_HOME, with the
+`--local` builds the Debian trixie (Python 3.13) base root of the local (bubblewrap) backend under CONCH_HOME, with the
 offline verifier toolchain (pytest, pytest-json-ctrf, uv). It is idempotent: seconds when already built.
 `--tarball` also writes the root as a tar (e.g. for `docker import`) and prints its path.
 `--docker` imports that same root (built first when missing) as the docker backend's base image

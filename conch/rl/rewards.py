@@ -7,6 +7,8 @@ become a learning signal is a training choice. Modes:
   test is one unit of credit.
 - `fraction`: n_passed / n_total.
 - `binary`: 1.0 if every test passed (n_total > 0 and n_passed == n_total), else 0.0.
+- `count_over_nop`: passing tests minus those that pass when the agent does nothing (`Trajectory.nop_passed`,
+  measured once per task by conch.tasks.nop), floor 0: a reward that cannot be earned by doing nothing.
 - `progress`: dense, in count units. The rollout measured the passing count every k turns
   (`Trajectory.progress`, a list of (turn index, n_passed)); turn i's measurement is rewarded with the change
   since the previous measurement (the first one against 0) on the last sampled token of turn i, and the final
@@ -33,7 +35,7 @@ from conch.agent.trajectory import StopReason
 if TYPE_CHECKING:
     from conch.agent.trajectory import Trajectory
 
-REWARD_MODES = ("count", "fraction", "binary", "progress")
+REWARD_MODES = ("count", "fraction", "binary", "progress", "count_over_nop")
 
 
 def check_mode(mode: str) -> str:
@@ -67,6 +69,12 @@ def scalar_reward(traj: "Trajectory", mode: str = "count") -> float | None:
         return traj.n_passed / traj.n_total
     if mode == "binary":
         return 1.0 if traj.n_passed == traj.n_total else 0.0
+    if mode == "count_over_nop":
+        nop = getattr(traj, "nop_passed", None)
+        if nop is None:
+            raise ValueError(f"trajectory {traj.task}#{traj.sample}: reward mode count_over_nop needs its task's "
+                             "nop count (conch.tasks.nop.attach)")
+        return float(max(0, traj.n_passed - nop))
     return float(traj.n_passed)  # count, and progress's telescoped total
 
 

@@ -191,7 +191,8 @@ async def evaluate(engine: Any, codec: Any, tasks: Sequence[Any], cfg: Config, s
     agent = agent_config(cfg)
     agent = replace(agent, temperature=cfg.eval.temperature, top_p=1.0 if cfg.eval.temperature == 0 else agent.top_p)
     trajs, _ = await run_rollouts(engine, codec, tasks, n_per_task or cfg.eval.n_per_task, agent,
-                                  concurrency=cfg.ppo.concurrency, backend=cfg.run.sandbox, seed=seed, out=out)
+                                  concurrency=cfg.ppo.concurrency, backend=cfg.run.sandbox, seed=seed, out=out,
+                                  network=cfg.sandbox.network)
     return eval_result(trajs)
 
 

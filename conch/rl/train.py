@@ -167,8 +167,13 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
             trajs, stats = await run_rollouts(
                 engine, codec, tasks, cfg.ppo.n_per_task, agent, concurrency=cfg.ppo.concurrency,
                 backend=cfg.run.sandbox, seed=it_seed, verify_every=cfg.reward.verify_every if cfg.reward.mode == "progress" else 0,
-                on_done=progress_printer(total) if total <= 16 else None,
+                on_done=progress_printer(total) if total <= 16 else None, network=cfg.sandbox.network,
             )
+            if cfg.reward.mode == "count_over_nop":  # each task's do-nothing count, measured once and cached
+                from conch.tasks import nop
+
+                await nop.attach(trajs, tasks, backend=cfg.run.sandbox, jobs=cfg.ppo.concurrency,
+                                 network=cfg.sandbox.network)
             return trajs, stats
 
         start_it = 0

@@ -19,8 +19,13 @@ __all__ = [
 ]
 
 
-def make_sandbox(backend: str, spec: SandboxSpec) -> Sandbox:
-    """Create (not start) a sandbox of the named backend for `spec`."""
+def make_sandbox(backend: str, spec: SandboxSpec, registries: bool = False) -> Sandbox:
+    """Create (not start) a sandbox of the named backend for `spec`; with `registries`, its commands may reach
+    the package registries (and nothing else) through conch.sandbox.network's proxy."""
+    if registries:
+        from conch.sandbox.network import RegistryNetworkSandbox, with_registry_env
+
+        return RegistryNetworkSandbox(make_sandbox(backend, with_registry_env(spec)))  # type: ignore[return-value]
     if backend == "local":
         from conch.sandbox.local import LocalSandbox
 

@@ -1,12 +1,22 @@
-"""The Debian base root of the local backend, with the offline verifier toolchain baked in.
+"""The Debian base root of the local backend (and of the docker base image), with the offline verifier
+toolchain baked in.
 
 Why: every local sandbox is an overlay over one read-only root, so it must be built once per machine
-(debootstrap from Debian packages, about a minute) and then cost nothing. Verifiers of Terminal-Bench 2.x call
-`pytest --ctrf ...` or `uvx -p 3.11 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5 pytest ...`, but the box has
-no network. So the wheels are downloaded on the host at build time, pytest and the CTRF plugin are installed
-into the root's python3, uv/uvx are put in /usr/local/bin, the wheelhouse stays in the root, and the
-sandbox's default environment points pip and uv at it, offline. The build runs both verifier forms offline
-before it publishes the root, so a broken toolchain never ships.
+(debootstrap from Debian packages, about a minute) and then cost nothing. The standard Terminal-Bench 2.x
+verifier is `uvx -p 3.13 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5 pytest ...` and the box has no network,
+so the requested interpreter must already be there: the root is Debian 13 "trixie", whose python3 is 3.13.
+The wheels are downloaded on the host at build time, pytest and the CTRF plugin are installed into the root's
+python3, the wheelhouse stays in the root, and the sandbox's default environment points pip and uv at it,
+offline.
+
+uv/uvx are reached through a small shim (`/usr/local/bin/uv`, `uvx`): when a command asks for a Python
+version this root does not have (`-p 3.11`, `--python 3.12`, UV_PYTHON), the shim substitutes the closest
+installed one and says so on stderr and in WARNINGS_FILE, which the verifier reports as a result warning:
+never a silent substitution, and never a verifier that dies on "no interpreter found". The build runs the
+verifier forms offline before it publishes the root, so a broken toolchain never ships.
+
+Each recipe gets its own folder (`root-<recipe id>`), so building a new recipe never disturbs sandboxes or
+other checkouts still running on the previous one.
 
 The root is built in a temporary folder and renamed into place; a file lock makes concurrent builders wait.
 """
@@ -25,24 +35,30 @@ import time
 import zipfile
 from pathlib import Path
 
-from conch.sandbox import paths
+from conch.sandbox import paths, uvshim
 from conch.sandbox.base import SandboxError
 from conch.sandbox.bwrap import DEFAULT_PATH, BoxConfig, require_host, run_box
 
-SUITE = "bookworm"
+SUITE = "trixie"
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = ("python3", "python3-venv", "python3-pip", "python-is-python3", "tmux", "procps", "ca-certificates",
-            "curl", "git", "less", "xz-utils", "bzip2", "unzip", "patch", "file")
+            "curl", "wget", "git", "less", "xz-utils", "bzip2", "unzip", "patch", "file", "gzip", "findutils",
+            "grep", "sed", "diffutils")
+PYTHON_VERSION = "3.13"  # the python3 of SUITE; what `uvx -p 3.13` (the TB2 verifier) asks for
 VERIFIER_PINS = ("pytest==8.4.1", "pytest-json-ctrf==0.3.5")
 UV_PIN = "uv==0.13.9"
-# Marker-conditional dependencies of pytest: not installed on 3.11, but `uv add`/`uv lock` resolve for every
+# Marker-conditional dependencies of pytest: not installed on 3.13, but `uv add`/`uv lock` resolve for every
 # Python version and need their metadata.
 UNIVERSAL_EXTRAS = ("colorama==0.4.6", "exceptiongroup==1.3.2", "tomli==2.5.0", "typing_extensions==4.16.0")
-RECIPE_VERSION = 2
+RECIPE_VERSION = 4
 WHEELS_IN_ROOT = "/opt/conch/wheels"
 STAMP_IN_ROOT = "opt/conch/base.json"
 # Offline, apt's retries with back-off make every `apt-get update` of a verifier script wait ~7 s for nothing.
 APT_OFFLINE_CONF = "/opt/conch/apt-offline.conf"
+# The real uv binaries; /usr/local/bin/uv and uvx are the interpreter shim (UV_SHIM) in front of them.
+UV_REAL_DIR = "/usr/local/lib/conch/uv"
+# Lines the shims write when they substitute an interpreter; the verifier reports them as warnings.
+WARNINGS_FILE = "/var/log/conch/warnings.log"
 
 # Default environment of every local sandbox (agent shells, exec, verifier). Offline package tools resolve from
 # the wheelhouse; pip may install into the system python like in the python:* images.
@@ -62,6 +78,12 @@ RUNTIME_ENV = {
     "UV_PYTHON_PREFERENCE": "only-system",
     "APT_CONFIG": APT_OFFLINE_CONF,
 }
+# Mount point of the host's CA bundle in Dockerfile RUN steps of the local builder (an empty file in the root,
+# so the bind leaves no trace in a layer); the docker builder copies the bundle to the same path.
+BUILD_CA = "/usr/local/share/conch/build-ca.crt"
+# Variables through which common tools find a CA bundle; all point at BUILD_CA in RUN steps.
+CA_VARS = ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+           "GIT_SSL_CAINFO", "CARGO_HTTP_CAINFO")
 # Environment of Dockerfile RUN steps (they have network).
 BUILD_ENV = {
     "PATH": DEFAULT_PATH,
@@ -94,7 +116,8 @@ def recipe_id() -> str:
 
 
 def root_path() -> Path:
-    return paths.base_dir() / "root"
+    """`base/root-<recipe id>`: a new recipe is built beside the old root, never over it."""
+    return paths.base_dir() / f"root-{recipe_id()}"
 
 
 def base_ready() -> bool:
@@ -182,6 +205,9 @@ def _configure(root: Path) -> None:
     for d in ("logs/agent", "logs/verifier", "root/.local/bin", "opt/conch"):
         (root / d).mkdir(parents=True, exist_ok=True)
     (root / APT_OFFLINE_CONF.lstrip("/")).write_text('Acquire::Retries "0";\n')
+    ca = root / BUILD_CA.lstrip("/")
+    ca.parent.mkdir(parents=True, exist_ok=True)
+    ca.write_bytes(b"")
     env_script = root / "root/.local/bin/env"
     env_script.write_text(_UV_ENV_SCRIPT)
     env_script.chmod(0o755)
@@ -208,26 +234,44 @@ def _install_toolchain(root: Path, tmp: Path, wheels: Path, quiet: bool) -> None
             uv_wheel = whl
     if uv_wheel is None:
         raise SandboxError(f"the uv wheel ({UV_PIN}) is missing from {wheels}")
+    real_dir = root / UV_REAL_DIR.lstrip("/")
+    real_dir.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(uv_wheel) as zf:
         for name in zf.namelist():
             if ".data/scripts/" in name:
-                out = root / "usr/local/bin" / name.rsplit("/", 1)[1]
+                out = real_dir / name.rsplit("/", 1)[1]
                 out.write_bytes(zf.read(name))
                 out.chmod(0o755)
+    shim = uvshim.render(UV_REAL_DIR, WARNINGS_FILE)
     for tool in ("uv", "uvx"):
+        out = root / "usr/local/bin" / tool
+        out.write_text(shim)
+        out.chmod(0o755)
         link = root / "root/.local/bin" / tool
         if not link.is_symlink():
             link.symlink_to(f"/usr/local/bin/{tool}")
+    # Like the python:3.x images: no PEP 668 marker, so `pip install` / `uv pip install --system` just work.
+    for marker in (root / "usr/lib").glob("python3*/EXTERNALLY-MANAGED"):
+        marker.unlink()
     box = BoxConfig(state_dir=tmp / "box", bind_root=root, network=False)
+    pins = " ".join("-w " + p for p in VERIFIER_PINS)
     script = (
-        f"set -e; uv pip install -q --system --break-system-packages {' '.join(VERIFIER_PINS)}\n"
+        f"set -e; uv pip install -q --system {' '.join(VERIFIER_PINS)}\n"
         "pytest --version\n"
+        f"python3 -c 'import sys; assert sys.version.startswith(\"{PYTHON_VERSION}.\"), sys.version'\n"
         "cd /tmp && mkdir -p conch-check && cd conch-check\n"
-        "printf 'def test_ok():\\n    assert True\\n' > test_ok.py\n"
+        "printf 'import pytest\\n@pytest.mark.parametrize(\"x\", [1, 2])\\ndef test_ok(x):\\n    assert x\\n'"
+        " > test_ok.py\n"
         "pytest -q --ctrf ctrf1.json test_ok.py\n"
-        f"uvx -p 3.11 {' '.join('-w ' + p for p in VERIFIER_PINS)} pytest -q --ctrf ctrf2.json test_ok.py\n"
+        f"uvx -p {PYTHON_VERSION} {pins} pytest -q --ctrf ctrf2.json test_ok.py -p no:cacheprovider\n"
+        f"uvx --python={PYTHON_VERSION} {pins} pytest -q test_ok.py\n"
+        f"uv venv -q -p {PYTHON_VERSION} /tmp/conch-check/venv && /tmp/conch-check/venv/bin/python -V\n"
+        f"uv run -q --no-project -p {PYTHON_VERSION} --with pytest==8.4.1 pytest -q test_ok.py\n"
+        # a version the root lacks: the closest one runs, and the substitution is written down
+        f"uvx -p 3.11 {pins} pytest -q test_ok.py 2>err.txt; grep -q 'using Python {PYTHON_VERSION}' err.txt\n"
+        f"grep -q 'Python 3.11 was requested' {WARNINGS_FILE}\n"
         "test -s ctrf1.json && test -s ctrf2.json\n"
-        "cd / && rm -rf /tmp/conch-check\n"
+        f"cd / && rm -rf /tmp/conch-check {WARNINGS_FILE}\n"
     )
     if not quiet:
         _log("installing pytest, pytest-json-ctrf and uv into the base root; checking them offline...")
@@ -246,10 +290,13 @@ def _publish(root: Path, base: Path) -> None:
 
 
 def gc_old_roots(min_age_s: float = 3600.0) -> list[str]:
-    """Delete base roots replaced more than `min_age_s` ago and build folders of crashed builds."""
+    """Delete base roots replaced more than `min_age_s` ago (a forced rebuild's `.old-*`, the `root-<id>` of other
+    recipes, unchanged for that long) and build folders of crashed builds."""
     removed = []
     base = paths.base_dir()
-    for entry in base.glob(".old-*") if base.is_dir() else []:
+    current = root_path().name
+    stale = [*base.glob(".old-*"), *(r for r in base.glob("root-*") if r.name != current)] if base.is_dir() else []
+    for entry in stale:
         if time.time() - entry.stat().st_mtime > min_age_s:
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry.name)

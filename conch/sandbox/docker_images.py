@@ -3,7 +3,8 @@
 Why this exists: nothing can be pulled from a container registry here, yet task Dockerfiles start with
 `FROM python:3.13-slim-bookworm` or `FROM ghcr.io/laude-institute/t-bench/python-3-13`. So the base image is
 made from Debian packages (the same debootstrap'd root as the `local` backend, `docker import`ed), and FROM
-references that cannot be pulled are rewritten to it in a generated Dockerfile, saying so once per image.
+references that cannot be pulled are rewritten to it in a generated Dockerfile (plus what the original image
+sets, e.g. the t-bench images' WORKDIR /app: conch/sandbox/standins.py), saying so once per image.
 
 Task images are tagged by a content hash of everything that can change the result (generated Dockerfile,
 the build context's files, the ids of the images it starts from), so a second run, or another task with the
@@ -30,6 +31,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from conch.sandbox.base import SandboxError
+from conch.sandbox.baseroot import BUILD_CA, CA_VARS
+from conch.sandbox.standins import SUPPORTED, standin_for
+from conch.sandbox.standins import note as standin_note
 
 BASE_REPO = "conch/base"
 TASK_REPO = "conch/env"
@@ -38,20 +42,10 @@ LABEL_TASK = "io.conch.task"
 LABEL_FROM_BASE = "io.conch.from-base"  # "1" on the base, inherited by images built on it: gets its runtime env
 LABEL_OWNER = "io.conch.owner"  # "<hostname>:<pid>" of the process that started a container
 BUILD_DIR = ".conch-build"  # generated files inside the build context
-CA_IN_IMAGE = "/usr/local/share/conch/build-ca.crt"
-# Environment variables through which common tools find a CA bundle; all set (as build ARGs) for RUN steps.
-CA_VARS = ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
-           "GIT_SSL_CAINFO", "CARGO_HTTP_CAINFO")
+CA_IN_IMAGE = BUILD_CA  # the same path as in the local builder's RUN steps
 # Bumped when the way images are generated changes, so old cache entries are not reused.
 GENERATION = "1"
 
-# FROM references that have an offline stand-in (the Debian bookworm base).
-_STANDIN_PATTERNS = (
-    re.compile(r"^(docker\.io/)?(library/)?python:3(\.\d+){0,2}(-slim)?(-bookworm)?$"),
-    re.compile(r"^(docker\.io/)?(library/)?debian(:[\w.-]+)?$"),
-    re.compile(r"^(docker\.io/)?(library/)?ubuntu(:[\w.-]+)?$"),
-    re.compile(r"^ghcr\.io/laude-institute/t-bench/[\w./-]+(:[\w.-]+)?$"),
-)
 # Variables TB1 compose files use; the values its harness gives them inside the container.
 _COMPOSE_DEFAULTS = {
     "T_BENCH_TEST_DIR": "/tests",
@@ -173,9 +167,8 @@ _announce_lock = threading.Lock()
 
 
 def is_standin_ref(ref: str) -> bool:
-    """True for FROM references that are replaced by the offline Debian bookworm base."""
-    ref = ref.split("@", 1)[0]
-    return any(p.match(ref) for p in _STANDIN_PATTERNS)
+    """True for FROM references that are replaced by the offline base (the table in conch/sandbox/standins.py)."""
+    return standin_for(ref) is not None
 
 
 @dataclass(frozen=True)
@@ -238,8 +231,7 @@ def generate_dockerfile(text: str, base_ref: str, source: str, image_exists: Cal
             parents.append(base_ref)
         else:
             raise SandboxError(f"{source}:{ins.line}: FROM {ref} cannot be pulled (no registry access) and has no "
-                               "offline stand-in (python:3.x, debian:*, ubuntu:*, ghcr.io/laude-institute/t-bench/*);"
-                               " load it into the engine first (`docker load`)")
+                               f"offline stand-in ({SUPPORTED}); load it into the engine first (`docker load`)")
         # --platform names the platform to pull for; the local base has exactly one (the classic builder may
         # even refuse the flag), so it is dropped for stand-ins
         flags = [f"--{k}={v}" for k, v in ins.flags if not (new_ref == base_ref and k == "platform")]
@@ -249,6 +241,9 @@ def generate_dockerfile(text: str, base_ref: str, source: str, image_exists: Cal
             block += [f"COPY {BUILD_DIR}/ca.crt {CA_IN_IMAGE}"] + [f"ARG {var}={CA_IN_IMAGE}" for var in CA_VARS]
         if new_ref == base_ref:
             block += [f"ARG {k}={v}" for k, v in (base_args or {}).items()]
+            standin = standin_for(ref)
+            if standin is not None and standin.workdir:  # what the original image sets (t-bench: /app)
+                block.append(f"WORKDIR {standin.workdir}")
         if alias:
             stages.add(alias.lower())
         first = ins.line - 1
@@ -274,8 +269,7 @@ def announce_standins(standins: tuple[str, ...], base_ref: str, source: str) -> 
         for ref in standins:
             if ref not in _announced:
                 _announced.add(ref)
-                _stderr(f"conch: {source}: FROM {ref} cannot be pulled here; using the offline base {base_ref} "
-                        "(Debian bookworm, python3 from Debian) instead")
+                _stderr(f"conch: {source}: {standin_note(ref)} (image {base_ref})")
 
 
 # ----------------------------------------------------------------------------------------------- context

@@ -2,10 +2,11 @@
 
 Why our own parser: the local backend has no Docker engine, but Terminal-Bench tasks ship Dockerfiles. We
 parse the syntax Docker documents (line continuations, comments, parser directives, JSON and shell forms,
-heredocs, ARG/ENV substitution) and turn one build stage into a `BuildPlan`: plain steps (RUN, COPY/ADD,
-WORKDIR) plus the image config (ENV, WORKDIR, CMD...). Anything the local builder cannot reproduce faithfully
-(multi-stage `COPY --from`, `ADD <url>`, `ONBUILD`, a non-root `USER`, ...) is rejected here with the file, the
-line and the instruction, so the user can switch to `--sandbox docker` instead of getting a subtly wrong box.
+heredocs, ARG/ENV substitution), split it into build stages, and turn each stage into a `BuildPlan`: plain
+steps (RUN, COPY/ADD, `COPY --from=<stage>`, WORKDIR) plus the image config (ENV, WORKDIR, CMD...). Anything
+the local builder cannot reproduce faithfully (`ADD <url>`, `ONBUILD`, a non-root `USER`, ...) is rejected here
+with the file, the line and the instruction, so the user can switch to `--sandbox docker` instead of getting a
+subtly wrong box.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from conch.sandbox.base import SandboxError
+from conch.sandbox.standins import standin_for
 
 _HEREDOC_RE = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
 _DIRECTIVE_RE = re.compile(r"^#\s*([a-zA-Z][a-zA-Z0-9_-]*)\s*=\s*(.*?)\s*$")
@@ -284,6 +286,7 @@ class BuildStep:
     chown: str | None = None
     chmod: str | None = None
     add: bool = False  # ADD: local tar archives are extracted
+    from_stage: str = ""  # copy: `COPY --from=<stage name or index>`; sources are paths in that stage
 
 
 @dataclass(frozen=True)
@@ -334,19 +337,42 @@ def _is_url(src: str) -> bool:
 DOCKER_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+def split_stages(df: Dockerfile) -> list[tuple[str, Dockerfile]]:
+    """The build stages of a (multi-stage) Dockerfile: (lower-case alias or "", the stage as its own Dockerfile,
+    the global ARGs before the first FROM prepended). One element for a single-stage file."""
+    head: list[Instruction] = []
+    stages: list[list[Instruction]] = []
+    for ins in df.instructions:
+        if ins.keyword == "FROM":
+            stages.append([ins])
+        elif stages:
+            stages[-1].append(ins)
+        else:
+            head.append(ins)
+    if not stages:
+        return [("", df)]
+    out = []
+    for body in stages:
+        words = body[0].value.split()
+        alias = words[2].lower() if len(words) == 3 and words[1].lower() == "as" else ""
+        out.append((alias, Dockerfile(df.path, tuple(head + body), df.escape)))
+    return out
+
+
 def plan(df: Dockerfile, build_args: dict[str, str] | None = None,
-         base_env: dict[str, str] | None = None) -> BuildPlan:
-    """Turn the (single) build stage into steps and an image config.
+         base_env: dict[str, str] | None = None, base_workdir: str = "/") -> BuildPlan:
+    """Turn the (single) build stage into steps and an image config (`split_stages` first for several).
 
     `base_env` is the environment the FROM image brings (default: Docker's default PATH), so that
-    `ENV PATH=/x:$PATH` extends it as it would under Docker.
+    `ENV PATH=/x:$PATH` extends it as it would under Docker; `base_workdir` its WORKDIR (a stage built on an
+    earlier stage inherits both).
     """
     path, esc = df.path, df.escape
     build_args = dict(build_args or {})
     global_args: dict[str, str] = {}
     args: dict[str, str] = {}
     env: dict[str, str] = dict(base_env if base_env is not None else {"PATH": DOCKER_DEFAULT_PATH})
-    cfg: dict = {"workdir": "/", "shell": ("/bin/sh", "-c"), "cmd": None, "entrypoint": None,
+    cfg: dict = {"workdir": base_workdir, "shell": ("/bin/sh", "-c"), "cmd": None, "entrypoint": None,
                  "labels": {}, "exposed": []}
     steps: list[BuildStep] = []
     notes: list[str] = []
@@ -380,13 +406,18 @@ def plan(df: Dockerfile, build_args: dict[str, str] | None = None,
                     scope.pop(name, None)
         elif kw == "FROM":
             if seen_from:
-                raise _unsupported(path, ins, "a second FROM (multi-stage build)")
+                raise SandboxError(f"{path}:{ins.line}: a second FROM: plan() takes one build stage "
+                                   "(split a multi-stage Dockerfile with split_stages first)")
             if flags.keys() - {"platform"}:
                 raise _unsupported(path, ins, f"FROM flag --{next(iter(flags.keys() - {'platform'}))}")
             words = split_words(ins.value, global_args, esc)
             if not words or (len(words) not in (1, 3)) or (len(words) == 3 and words[1].lower() != "as"):
                 raise SandboxError(f"{path}:{ins.line}: FROM: expected 'FROM image [AS name]'")
             base, seen_from = words[0], True
+            standin = standin_for(base)
+            if standin is not None and standin.workdir:  # what the original image sets (t-bench: /app)
+                cfg["workdir"] = standin.workdir
+                steps.append(BuildStep("workdir", ins.line, ins.raw, standin.workdir, dest=standin.workdir))
         elif kw == "ENV":
             words = subst(ins, ins.value, words=True)
             if words and "=" not in words[0]:
@@ -432,10 +463,11 @@ def plan(df: Dockerfile, build_args: dict[str, str] | None = None,
             steps.append(BuildStep("run", ins.line, ins.raw, cfg["workdir"], argv=tuple(argv), env=run_env,
                                    stdin=stdin))
         elif kw in ("COPY", "ADD"):
-            for bad in ("from", "parents", "exclude"):
+            for bad in ("parents", "exclude"):
                 if bad in flags:
                     raise _unsupported(path, ins, f"{kw} --{bad}")
-            extra = flags.keys() - {"chown", "chmod", "link", "checksum", "keep-git-dir"}
+            from_stage = subst(ins, flags["from"]).lower() if "from" in flags else ""
+            extra = flags.keys() - {"chown", "chmod", "link", "checksum", "keep-git-dir", "from"}
             if extra:
                 raise _unsupported(path, ins, f"{kw} --{sorted(extra)[0]}")
             words = ins.json_list()
@@ -458,6 +490,8 @@ def plan(df: Dockerfile, build_args: dict[str, str] | None = None,
                     continue
                 if _is_url(src):
                     raise _unsupported(path, ins, f"{kw} from a URL ({src})")
+                if from_stage and any(ch in src for ch in "*?["):
+                    raise _unsupported(path, ins, f"{kw} --from with a wildcard source ({src})")
                 sources.append(src)
             multi = len(srcs) > 1 or any(ch in s for s in sources for ch in "*?[")
             dest_abs = _join(cfg["workdir"], dest)
@@ -468,7 +502,7 @@ def plan(df: Dockerfile, build_args: dict[str, str] | None = None,
             chown = subst(ins, flags["chown"]) if "chown" in flags else None
             steps.append(BuildStep("copy", ins.line, ins.raw, cfg["workdir"], sources=tuple(sources),
                                    inline=tuple(inline), dest=dest_abs, chown=chown, chmod=flags.get("chmod"),
-                                   add=kw == "ADD"))
+                                   add=kw == "ADD" and not from_stage, from_stage=from_stage))
         elif kw == "USER":
             user = subst(ins, ins.value)
             if user not in _ROOT_USERS:

@@ -30,9 +30,12 @@ from pathlib import Path
 
 from conch.sandbox import paths
 from conch.sandbox.base import SandboxError
-from conch.sandbox.baseroot import BUILD_ENV, ensure_base_root, recipe_id
+from conch.sandbox.baseroot import BUILD_CA, BUILD_ENV, CA_VARS, ensure_base_root, recipe_id
 from conch.sandbox.bwrap import BoxConfig, run_box, warn_once
-from conch.sandbox.dockerfile import BuildPlan, BuildStep, parse, plan
+from conch.sandbox.dockerfile import BuildPlan, BuildStep, parse, plan, split_stages
+from conch.sandbox.stagecopy import copy_from_stage
+from conch.sandbox.standins import BASE_DESCRIPTION, standin_for
+from conch.sandbox.standins import note as standin_note
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,9 @@ class LocalImage:
 
 
 def build_image(context: Path | None, dockerfile: Path | None, quiet: bool = False) -> LocalImage:
-    """The image for a sandbox spec: the base root alone, or the Dockerfile's steps over it (cached)."""
+    """The image for a sandbox spec: the base root alone, or the Dockerfile's steps over it (cached). Every
+    stage of a multi-stage Dockerfile is built in order (like Docker's classic builder); the last one is the
+    image, and `COPY --from` / `FROM <stage>` read the earlier ones."""
     root = ensure_base_root(quiet=quiet)
     if dockerfile is None:
         return LocalImage(key=recipe_id(), lowers=(root,))
@@ -56,24 +61,51 @@ def build_image(context: Path | None, dockerfile: Path | None, quiet: bool = Fal
     context = Path(context) if context is not None else dockerfile.parent
     if not context.is_dir():
         raise SandboxError(f"build context {context} is not a directory")
-    p = plan(parse(dockerfile))
-    warn_once(f"from:{p.config.base_image}", f"FROM {p.config.base_image} runs on the local Debian bookworm base root "
-              f"(first seen in {dockerfile}; use --sandbox docker for the exact image)", kind="note")
-    for note in p.notes:
-        warn_once(note, note, kind="note")
-    return _build(p, context, root, quiet)
+    built: dict[str, LocalImage] = {}
+    image: LocalImage | None = None
+    for index, (alias, stage_df) in enumerate(split_stages(parse(dockerfile))):
+        p = plan(stage_df)
+        parent = built.get(p.config.base_image.lower())
+        if parent is not None:  # FROM <an earlier stage>: its filesystem, environment and WORKDIR
+            p = plan(stage_df, base_env=dict(parent.env), base_workdir=parent.workdir)
+        else:
+            _note_base(p.config.base_image, dockerfile)
+        for note in p.notes:
+            warn_once(note, note, kind="note")
+        image = _build(p, context, root, quiet, parent, built)
+        built[str(index)] = image
+        if alias:
+            built[alias] = image
+    assert image is not None
+    return image
 
 
-def _build(p: BuildPlan, context: Path, root: Path, quiet: bool) -> LocalImage:
+def _note_base(base: str, dockerfile: Path) -> None:
+    what = standin_note(base) if standin_for(base) else (f"FROM {base} runs on the local base root "
+                                                         f"({BASE_DESCRIPTION}); use --sandbox docker for the exact image")
+    warn_once(f"from:{base}", f"{what} (first seen in {dockerfile})", kind="note")
+
+
+def _build(p: BuildPlan, context: Path, root: Path, quiet: bool, parent: LocalImage | None = None,
+           stages: dict[str, LocalImage] | None = None) -> LocalImage:
     ignore = DockerIgnore(context)
-    key = "base:" + recipe_id()
-    lowers: list[Path] = [root]
+    key = parent.key if parent is not None else "base:" + recipe_id()
+    lowers: list[Path] = list(parent.lowers) if parent is not None else [root]
     built = 0
     layers = paths.layers_dir()
     layers.mkdir(parents=True, exist_ok=True)
     for n, step in enumerate(p.steps, 1):
-        sources = _expand_sources(p.dockerfile, step, context, ignore) if step.kind == "copy" else []
-        key = _step_key(key, step, context, sources, ignore)
+        stage = None
+        if step.from_stage:
+            stage = (stages or {}).get(step.from_stage)
+            if stage is None:
+                raise SandboxError(f"{p.dockerfile}:{step.line}: COPY --from={step.from_stage}: no earlier build "
+                                   "stage has that name or index (images from a registry cannot be pulled)")
+            sources: list[str] = []
+            key = _step_key(key + "\0from " + stage.key, step, context, [], ignore)
+        else:
+            sources = _expand_sources(p.dockerfile, step, context, ignore) if step.kind == "copy" else []
+            key = _step_key(key, step, context, sources, ignore)
         layer = layers / key[:16]
         meta = _read_meta(layer)
         if meta is None:
@@ -84,7 +116,7 @@ def _build(p: BuildPlan, context: Path, root: Path, quiet: bool) -> LocalImage:
                     if not quiet and step.kind != "copy":  # a COPY is quick: a line per task would be noise
                         print(f"conch: build {p.dockerfile} step {n}/{len(p.steps)}: {step.text[:160]}",
                               file=sys.stderr, flush=True)
-                    meta = _run_step(p.dockerfile, step, key, layer, lowers, context, sources, ignore, quiet)
+                    meta = _run_step(p.dockerfile, step, key, layer, lowers, context, sources, ignore, quiet, stage)
                     built += 1
         if not meta["empty"]:
             lowers.insert(0, layer / "diff")
@@ -213,7 +245,7 @@ def _expand_sources(df: Path, step: BuildStep, context: Path, ignore: DockerIgno
 
 
 def _run_step(df: Path, step: BuildStep, key: str, layer: Path, lowers: list[Path], context: Path,
-              sources: list[str], ignore: DockerIgnore, quiet: bool) -> dict:
+              sources: list[str], ignore: DockerIgnore, quiet: bool, stage: LocalImage | None = None) -> dict:
     tmp = layer.parent / f".tmp-{layer.name}-{secrets.token_hex(4)}"
     diff = tmp / "diff"
     diff.mkdir(parents=True)
@@ -221,18 +253,22 @@ def _run_step(df: Path, step: BuildStep, key: str, layer: Path, lowers: list[Pat
     try:
         if step.kind == "run":
             (tmp / "work").mkdir()
+            binds, ca_env = _build_ca(tmp)
             cfg = BoxConfig(state_dir=tmp, lowers=tuple(lowers), upper_dir=diff, work_dir=tmp / "work",
-                            network=True, hostname="buildkitsandbox")
-            env = {**BUILD_ENV, **dict(step.env)}
+                            network=True, hostname="buildkitsandbox", file_binds=binds)
+            env = {**BUILD_ENV, **ca_env, **dict(step.env)}
             rc, tail = run_box(cfg, list(step.argv), env=env, cwd=step.workdir,
                                stdin_data=step.stdin.encode() if step.stdin is not None else None,
                                log_prefix="  | ", capture=quiet)
             shutil.rmtree(tmp / "work", ignore_errors=True)
+            (tmp / "build-ca.crt").unlink(missing_ok=True)
             if rc != 0:
                 raise SandboxError(f"{df}:{step.line}: RUN failed with exit code {rc}: {step.text[:200]}\n"
                                    f"--- last output ---\n{tail[-2000:]}")
         elif step.kind == "workdir":
             _ensure_dir(lowers, diff, step.dest, materialize=False)
+        elif stage is not None:
+            copy_from_stage(df, step, list(stage.lowers), lowers, diff)
         else:
             _copy_step(df, step, lowers, diff, context, sources, ignore)
         empty = not any(os.scandir(diff))
@@ -251,6 +287,20 @@ def _run_step(df: Path, step: BuildStep, key: str, layer: Path, lowers: list[Pat
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_ca(tmp: Path) -> tuple[tuple[tuple[str, str], ...], dict[str, str]]:
+    """(file binds, environment) giving a RUN step this machine's CA bundle, as the docker builder does, so
+    `pip install` or `curl https://...` in a Dockerfile work behind a TLS-intercepting proxy. A copy is bound
+    (never the host's own file) onto the root's empty BUILD_CA placeholder, so the layer keeps no trace."""
+    from conch.sandbox.docker_images import build_ca_bundle
+
+    bundle = build_ca_bundle()
+    if not bundle:
+        return (), {}
+    copy_path = tmp / "build-ca.crt"
+    copy_path.write_bytes(bundle)
+    return ((str(copy_path), BUILD_CA),), {var: BUILD_CA for var in CA_VARS}
 
 
 # --- image lookups (overlay semantics over the layer stack) ---------------------------------------------------

@@ -48,6 +48,12 @@ class Task:
     metadata: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def allow_internet(self) -> bool:
+        """Harbor `[environment] allow_internet = true`: the task wants the network at run time."""
+        env = self.metadata.get("environment") if isinstance(self.metadata, dict) else None
+        return isinstance(env, dict) and env.get("allow_internet") is True
+
     def sandbox_spec(self):
         from conch.sandbox.base import SandboxSpec
 

@@ -137,6 +137,12 @@ class PPOConfig:
     kl_coef: float = opt(0.0, "KL penalty to the warm policy (0: off)", ge=0.0)
     entropy_coef: float = opt(0.0, "entropy bonus", ge=0.0)
     tis_cap: float = opt(2.0, "truncated importance-sampling cap for the train/inference gap (0: off)", ge=0.0)
+    mask_low: float = opt(0.0, "drop from the policy loss the tokens whose train/sample ratio exp(old - sampler "
+                               "log-prob) is below this (IcePop/MIS style; 0: off)", ge=0.0)
+    mask_high: float = opt(0.0, "... or above this (0: off); e.g. 0.5 and 2.0 with off_policy_steps >= 1", ge=0.0)
+    off_policy_steps: int = opt(0, "rollouts of iteration k+1 are sampled while the learner trains on k, with "
+                                   "weights at most this many updates old (0: strictly on-policy, no overlap)",
+                                ge=0, le=1)
     routing_replay: bool = opt(True, "R3: replay the sampler's expert choices in the trainer (MoE models only)")
     eval_every: int = opt(0, "iterations between evaluations (0: only the final one)", ge=0)
     checkpoint_every: int = opt(1, "iterations between checkpoints", ge=1)

@@ -248,7 +248,7 @@ def ppo_loss(cfg: LossConfig, new_logp: torch.Tensor, old_logp: torch.Tensor, ad
                               weights, cfg.agg, denom)
     if keep is not None:
         stats.mismatch_masked_frac = masked_mean(1.0 - keep, mask)
-    if weights is not None:
+    if weights is not None and cfg.tis_cap is not None:
         with torch.no_grad():
             raw = torch.exp(old_logp.float() - sampler_logp.float())  # type: ignore[union-attr]
             stats.tis_capped_frac = masked_mean((raw > cfg.tis_cap).float(), mask)

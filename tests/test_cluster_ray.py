@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+# One machine: every Ray process listens on 127.0.0.1 (must be set before ray is first imported).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray", reason="ray is not installed (make install pins it)")
 
 from conch.agent.loop import AgentConfig  # noqa: E402

@@ -78,6 +78,10 @@ def connect(address: str = "", num_cpus: int | None = None) -> None:
 
     Workers import the same conch as this process: its folder goes on their PYTHONPATH (a path missing on a
     remote node is ignored there; install conch on every node of a real cluster)."""
+    if not address:
+        # One machine: Ray's node address becomes 127.0.0.1 (it would pick the machine's network address and
+        # bind the GCS and raylets there). Read when ray is first imported, and inherited by its processes.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     if ray.is_initialized():

@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,cluster]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 # The local sandbox base root (Debian trixie from Debian packages) and the offline verifier toolchain.

@@ -137,6 +137,12 @@ class PPOConfig:
     kl_coef: float = opt(0.0, "KL penalty to the warm policy (0: off)", ge=0.0)
     entropy_coef: float = opt(0.0, "entropy bonus", ge=0.0)
     tis_cap: float = opt(2.0, "truncated importance-sampling cap for the train/inference gap (0: off)", ge=0.0)
+    mask_low: float = opt(0.0, "drop from the policy loss the tokens whose train/sample ratio exp(old - sampler "
+                               "log-prob) is below this (IcePop/MIS style; 0: off)", ge=0.0)
+    mask_high: float = opt(0.0, "... or above this (0: off); e.g. 0.5 and 2.0 with off_policy_steps >= 1", ge=0.0)
+    off_policy_steps: int = opt(0, "rollouts of iteration k+1 are sampled while the learner trains on k, with "
+                                   "weights at most this many updates old (0: strictly on-policy, no overlap)",
+                                ge=0, le=1)
     routing_replay: bool = opt(True, "R3: replay the sampler's expert choices in the trainer (MoE models only)")
     eval_every: int = opt(0, "iterations between evaluations (0: only the final one)", ge=0)
     checkpoint_every: int = opt(1, "iterations between checkpoints", ge=1)
@@ -178,6 +184,22 @@ class SandboxConfig:
 
 
 @dataclass
+class ClusterConfig:
+    backend: str = opt("local", "where rollouts run: local (this process: one engine, one sandbox pool) or ray "
+                                "(rollout workers as Ray actors, each with an engine replica and its own sandboxes)",
+                       choices=("local", "ray"))
+    address: str = opt("", "ray: the cluster to join (auto, ray://host:10001, or host:6379); empty: start a local "
+                           "Ray instance on this machine")
+    rollout_workers: int = opt(2, "ray: rollout worker actors", ge=1)
+    sandboxes_per_worker: int = opt(8, "ray: episodes (sandboxes and engine sessions) in flight per worker", ge=1)
+    worker_cpus: float = opt(1.0, "ray: CPUs reserved per rollout worker (also its torch threads)", ge=0.0)
+    worker_gpus: float = opt(0.0, "ray: GPUs reserved per rollout worker (an engine replica on GPU)", ge=0.0)
+    worker_resources: dict = opt({}, "ray: custom resources per rollout worker, e.g. {sandbox_node = 1} so the "
+                                     "sandbox pools land on the nodes started with --resources='{\"sandbox_node\": 64}'")
+    start_timeout: float = opt(120.0, "ray: seconds to wait for every rollout worker to be placed and started", gt=0)
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
@@ -189,6 +211,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -234,6 +257,18 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             return [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return value
+    if typ is dict or origin is dict:
+        if isinstance(value, str):  # a TOML inline table or JSON object: {sandbox_node = 1}
+            text = value.strip() or "{}"
+            try:
+                import json
+
+                value = json.loads(text) if ":" in text else tomllib.loads(f"v = {text}")["v"]
+            except (ValueError, tomllib.TOMLDecodeError) as exc:
+                raise ConfigError(f"{where}: expected a table such as {{name = 1}}, got {value!r} ({exc})") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
         return value
     if isinstance(typ, types.UnionType):
         return value
@@ -302,6 +337,8 @@ def describe(cfg: Config) -> str:
                 text = f'"{value}"'
             elif isinstance(value, list):
                 text = "[" + ", ".join(f'"{v}"' for v in value) + "]"
+            elif isinstance(value, dict):
+                text = "{" + ", ".join(f"{k} = {v!r}" for k, v in value.items()) + "}"
             else:
                 text = repr(value)
             lines.append(f"{f.name} = {text}  # {f.metadata.get('doc', '')}")

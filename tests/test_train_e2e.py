@@ -87,3 +87,22 @@ def test_routing_replay_on_a_dense_model_fails_at_config_time(tmp_path, home):
 def test_bad_override_is_a_usage_error(tmp_path, home):
     p = conch("train", "--out", str(tmp_path / "run"), "ppo.no_such_key=1", home=home)
     assert p.returncode == 2 and "ppo.no_such_key" in p.stderr
+
+
+@pytest.mark.slow
+def test_train_on_ray_workers_with_one_step_off_policy(tmp_path, home):
+    """`cluster.backend=ray`: PPO's rollouts run on two Ray worker actors (a local Ray instance that conch
+    starts itself), the rollout of iteration k+1 overlapping the update of k."""
+    pytest.importorskip("ray", reason="ray is not installed (make install pins it)")
+    run = tmp_path / "run"
+    p = conch("train", "--out", str(run), *TINY, "ppo.iterations=2", "cluster.backend=ray",
+              "cluster.rollout_workers=2", "cluster.sandboxes_per_worker=2", "cluster.worker_cpus=0.5",
+              "ppo.off_policy_steps=1", "ppo.mask_low=0.5", "ppo.mask_high=2.0", home=home)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Ray rollout workers" in p.stderr
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1]
+    assert [r["mismatch/staleness"] for r in rows] == [0, 1]  # iteration 1 was sampled before update 0 landed
+    assert rows[1]["sync/bytes"] > 0 and rows[1]["time/sync_s"] >= 0
+    assert "train/mismatch_masked_frac" in rows[1]
+    assert rows[1]["rollout/trajectories"] == 4

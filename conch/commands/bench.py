@@ -12,6 +12,7 @@ BENCHES = {
     "rollout": "agent-loop throughput vs the engine alone and vs sequential trajectories",
     "mismatch": "train/inference log-prob gap: neither / tito / r3 / both",
     "train": "trainer tokens/s and peak memory vs sequence length",
+    "scale": "Ray rollout workers: scaling, a killed worker, off-policy overlap, weight sync",
 }
 
 

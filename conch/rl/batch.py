@@ -99,6 +99,14 @@ def split_head(model: Any) -> tuple[nn.Module, nn.Module] | None:
     return decoder, head
 
 
+def _sharded(model: Any) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return isinstance(model, FSDPModule)
+
+
 def policy_forward(
     model: Any, batch: Batch, replay: bool, temperature: float = 1.0, *, chunk: int | None = 1024,
     sampled_only: bool = False,
@@ -119,7 +127,8 @@ def policy_forward(
 
     B, T = batch.ids.shape
     own = None
-    parts = split_head(model) if chunk is not None else None
+    # Under FSDP2 the head's weight is a shard until the root's forward gathers it: take the full-logits path.
+    parts = split_head(model) if chunk is not None and not _sharded(model) else None
     with ExitStack() as stack:
         state = cap = None
         if replay and batch.experts is not None:

@@ -101,6 +101,7 @@ class LossStats:
     ref_kl: torch.Tensor | None = None
     tis_weight_mean: torch.Tensor | None = None
     tis_capped_frac: torch.Tensor | None = None
+    mismatch_masked_frac: torch.Tensor | None = None  # tokens dropped: train/sample ratio outside its band
     total_loss: torch.Tensor | None = None
     num_tokens: torch.Tensor | None = None
 
@@ -205,6 +206,28 @@ class LossConfig:
     kl_estimator: str = "k3"
     tis_cap: float | None = 2.0  # None disables TIS
     agg: str = "token-mean"
+    # Token mask on the train/sample ratio exp(old_logp - sampler_logp) (IcePop/MIS style): tokens outside
+    # [mask_low, mask_high] get no policy gradient (they still count in the denominator). None: off.
+    mask_low: float | None = None
+    mask_high: float | None = None
+
+
+def ratio_band_mask(old_logp: torch.Tensor, sampler_logp: torch.Tensor | None, mask: torch.Tensor,
+                    low: float | None, high: float | None) -> torch.Tensor | None:
+    """1 where the train/sample ratio exp(old - sampler) lies in [low, high], else 0; None when off.
+
+    With off-policy rollouts the sampler's log-probs come from weights one or more updates old, so the ratio
+    also measures staleness; tokens far outside the band carry a gradient estimate too biased to use."""
+    if sampler_logp is None or (low is None and high is None):
+        return None
+    with torch.no_grad():
+        ratio = torch.exp(old_logp.float() - sampler_logp.float())
+        keep = torch.ones_like(ratio)
+        if low is not None:
+            keep = keep * (ratio >= low)
+        if high is not None:
+            keep = keep * (ratio <= high)
+        return torch.where(mask.bool(), keep, torch.zeros_like(keep))
 
 
 def ppo_loss(cfg: LossConfig, new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
@@ -218,9 +241,14 @@ def ppo_loss(cfg: LossConfig, new_logp: torch.Tensor, old_logp: torch.Tensor, ad
     weights = None
     if cfg.tis_cap is not None and sampler_logp is not None:
         weights = tis_weights(old_logp, sampler_logp, cfg.tis_cap)
+    keep = ratio_band_mask(old_logp, sampler_logp, mask, cfg.mask_low, cfg.mask_high)
+    if keep is not None:
+        weights = keep if weights is None else weights * keep
     loss, stats = policy_loss(new_logp, old_logp, advantages, mask, cfg.clip_low, cfg.clip_high, cfg.dual_clip,
                               weights, cfg.agg, denom)
-    if weights is not None:
+    if keep is not None:
+        stats.mismatch_masked_frac = masked_mean(1.0 - keep, mask)
+    if weights is not None and cfg.tis_cap is not None:
         with torch.no_grad():
             raw = torch.exp(old_logp.float() - sampler_logp.float())  # type: ignore[union-attr]
             stats.tis_capped_frac = masked_mean((raw > cfg.tis_cap).float(), mask)

@@ -79,19 +79,12 @@ def train(cfg: Config, run_dir: Path) -> dict[str, Any]:
 async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> dict[str, Any]:
     import torch
 
-    from conch.agent.rollout import progress_printer, run_rollouts
     from conch.agent.tito import ChatCodec
-    from conch.engine.hf import HFEngine
     from conch.model.loading import load_policy
     from conch.moe.routing import moe_layer_count
-    from conch.rl.checkpoint import (atomic_write_text, latest_complete, load_checkpoint, publish_model, read_json,
-                                     save_checkpoint)
-    from conch.rl.critic import ValueModel
-    from conch.rl.losses import LossConfig
+    from conch.rl.checkpoint import latest_complete, publish_model
+    from conch.rl.learner import Learner
     from conch.rl.metrics import MetricsLogger
-    from conch.rl.plateau import Plateau
-    from conch.rl.rewards import partition, reward_metrics
-    from conch.rl.update import ppo_update, prepare
     from conch.tasks.synth.trajectories import BASH_TOOL
 
     torch.manual_seed(cfg.run.seed)
@@ -106,160 +99,221 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     model_dir = init_or_load_model(cfg, run_dir, corpus)
     loaded = load_policy(model_dir, dtype=cfg.model.trainer_dtype)
     policy, tok = loaded.model, loaded.tokenizer
-    replay = cfg.ppo.routing_replay
-    if replay and moe_layer_count(policy) == 0:
+    if cfg.ppo.routing_replay and moe_layer_count(policy) == 0:
         raise ConfigError(f"ppo.routing_replay = true, but {model_dir} has no MoE layers")
     codec = ChatCodec(tok, tools=[BASH_TOOL])
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else codec.end_id
-    engine = HFEngine(policy, dtype=cfg.model.sampler_dtype, tokenizer=tok, max_batch=cfg.ppo.concurrency)
-    evals: dict[str, EvalResult] = {}
-    (run_dir / "evals").mkdir(exist_ok=True)
-
-    async def run_eval(name: str, tasks: list, seed: int) -> EvalResult | None:
-        cache = run_dir / "evals" / f"{name}.json"
-        cached = read_json(cache, "evaluation cache")
-        if isinstance(cached, dict):
-            return EvalResult(**cached)
-        if not tasks:
-            return None
-        log(f"evaluating {name} on {len(tasks)} tasks x {cfg.eval.n_per_task}")
-        res = await evaluate(engine, codec, tasks, cfg, seed=seed)
-        atomic_write_text(cache, json.dumps(res.to_json()))
-        log(f"eval {name}: pass rate {res.pass_rate:.3f}, tests passed {res.tests_passed_mean:.2f} ({res.samples} samples)")
-        return res
-
+    engine = make_eval_engine(cfg, policy, tok)
+    evals = Evals(cfg, run_dir, engine, codec)
+    source = None
     try:
-        # ---- evaluation of the untrained model ------------------------------------------------------------
-        evals["init"] = await run_eval("init", eval_tasks, seed=11)
-        evals["heldout_init"] = await run_eval("heldout_init", heldout_tasks, seed=12)
+        evals["init"] = await evals.run("init", eval_tasks, seed=11)                # the untrained model
+        evals["heldout_init"] = await evals.run("heldout_init", heldout_tasks, seed=12)
 
-        # ---- warm start 1: SFT on expert trajectories --------------------------------------------------------
-        warm_dir = run_dir / "warm"
-        if marker(run_dir, "sft"):
-            policy = load_policy(warm_dir, dtype=cfg.model.trainer_dtype, with_tokenizer=False).model
-        else:
-            sft_report = warm_start_sft(cfg, policy, codec, corpus.trajectories, pad_id)
-            publish_model(policy, tok, warm_dir)
-            mark_done(run_dir, "sft", sft_report)
-        engine.load_weights(policy.state_dict())
-        evals["warm"] = await run_eval("warm", eval_tasks, seed=11)
-        evals["heldout_warm"] = await run_eval("heldout_warm", heldout_tasks, seed=12)
+        policy = sft_stage(cfg, run_dir, policy, tok, codec, corpus, pad_id)         # warm start 1: SFT
+        learner = Learner(cfg, policy, tok, pad_id)
+        evals.weights = learner.weights
+        evals["warm"] = await evals.run("warm", eval_tasks, seed=11)
+        evals["heldout_warm"] = await evals.run("heldout_warm", heldout_tasks, seed=12)
 
-        # ---- warm start 2: critic warm-up with the actor frozen -------------------------------------------
-        critic = ValueModel.from_policy(policy)
-        opt_v = torch.optim.AdamW(critic.parameters(), lr=cfg.ppo.critic_lr)
-        opt_pi = torch.optim.AdamW(policy.parameters(), lr=cfg.ppo.lr, betas=(0.9, 0.95))
-        loss_cfg = LossConfig(clip_low=cfg.ppo.clip_low, clip_high=cfg.ppo.clip_high,
-                              dual_clip=cfg.ppo.dual_clip or None, value_clip=cfg.ppo.value_clip or None,
-                              entropy_coef=cfg.ppo.entropy_coef, kl_coef=cfg.ppo.kl_coef,
-                              tis_cap=cfg.ppo.tis_cap or None, agg=cfg.ppo.loss_agg)
-        ref_model = None
-        if cfg.ppo.kl_coef:
-            import copy
-
-            ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
-        agent = agent_config(cfg)
-        rng = random.Random(cfg.run.seed)
+        source = make_rollout_source(cfg, engine, codec, model_dir)
         metrics = MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb, config=cfg.to_dict())
-
-        async def rollout(tasks: list, it_seed: int) -> list:
-            total = len(tasks) * cfg.ppo.n_per_task
-            trajs, stats = await run_rollouts(
-                engine, codec, tasks, cfg.ppo.n_per_task, agent, concurrency=cfg.ppo.concurrency,
-                backend=cfg.run.sandbox, seed=it_seed, verify_every=cfg.reward.verify_every if cfg.reward.mode == "progress" else 0,
-                on_done=progress_printer(total) if total <= 16 else None, network=cfg.sandbox.network,
-            )
-            if cfg.reward.mode == "count_over_nop":  # each task's do-nothing count, measured once and cached
-                from conch.tasks import nop
-
-                await nop.attach(trajs, tasks, backend=cfg.run.sandbox, jobs=cfg.ppo.concurrency,
-                                 network=cfg.sandbox.network)
-            return trajs, stats
-
-        start_it = 0
         latest = latest_complete(run_dir)
+        start_it = 0
         if latest is not None:
-            info = load_checkpoint(latest, model=policy, optimizer={"policy": opt_pi, "critic": opt_v},
-                                   aux_models={"critic": critic})
-            start_it = info.iteration + 1
-            engine.load_weights(policy.state_dict())
-            log(f"resumed from {latest} (iteration {info.iteration})")
+            start_it = learner.load(latest) + 1
+            log(f"resumed from {latest} (iteration {start_it - 1})")
         elif marker(run_dir, "critic"):
-            critic.load_state_dict(torch.load(run_dir / "critic.pt", weights_only=True))
-        else:
-            plateau = Plateau(patience=cfg.critic.patience, max_cuts=0)  # on -EV: lower is better
-            curve = []
-            for i in range(cfg.critic.iterations):
-                tasks = rng.sample(pool, min(cfg.ppo.tasks_per_iter, len(pool)))
-                trajs, _ = await rollout(tasks, it_seed=10_000 + i)                      # rollout + verify
-                kept, _excluded = partition(trajs)
-                prepared, _ = prepare(policy, critic, kept, pad_id, replay, cfg.reward.mode,    # reward + GAE
-                                      cfg.ppo.gamma, cfg.ppo.lam, cfg.ppo.micro_batch,
-                                      group_baseline=cfg.ppo.group_baseline)
-                stats = ppo_update(policy, critic, None, opt_v, prepared, pad_id, replay, loss_cfg,  # critic only
-                                   cfg.critic.epochs, cfg.ppo.micro_batch, cfg.ppo.grad_accum,
-                                   cfg.ppo.max_grad_norm, update_policy=False, seed=i)
-                ev = stats.get("train/explained_variance", float("nan"))
-                curve.append(ev)
-                log(f"critic warm-up {i + 1}/{cfg.critic.iterations}: explained variance {ev:.3f}")
-                if plateau.observe(-ev) == "stop":
-                    break
-            torch.save(critic.state_dict(), run_dir / "critic.pt")
+            learner.load_critic(run_dir / "critic.pt")
+        else:                                                                        # warm start 2: critic
+            curve = await critic_warmup(cfg, learner, source, pool)
+            learner.save_critic(run_dir / "critic.pt")
             mark_done(run_dir, "critic", {"explained_variance": curve})
 
-        # ---- PPO ----------------------------------------------------------------------------------------------
         if dropped := metrics.keep_before(start_it):  # rows logged after the last checkpoint are redone
             log(f"metrics.jsonl: dropped {dropped} row(s) from iteration {start_it} on, logged after the last checkpoint")
-        stopped_early = False
-        for it in range(start_it, cfg.ppo.iterations):
-            t_it = time.monotonic()
-            it_rng = random.Random(cfg.run.seed * 7919 + it)
-            tasks = it_rng.sample(pool, min(cfg.ppo.tasks_per_iter, len(pool)))
-            trajs, rstats = await rollout(tasks, it_seed=it)                                   # rollout + verify
-            kept, excluded = partition(trajs)                                                   # errors excluded
-            prepared, mismatch = prepare(policy, critic, kept, pad_id, replay, cfg.reward.mode,  # reward + GAE
-                                         cfg.ppo.gamma, cfg.ppo.lam, cfg.ppo.micro_batch,
-                                         group_baseline=cfg.ppo.group_baseline)
-            t_upd = time.monotonic()
-            stats = ppo_update(policy, critic, opt_pi, opt_v, prepared, pad_id, replay, loss_cfg,  # update
-                               cfg.ppo.epochs, cfg.ppo.micro_batch, cfg.ppo.grad_accum, cfg.ppo.max_grad_norm,
-                               seed=it, ref_model=ref_model)
-            update_s = time.monotonic() - t_upd
-            engine.load_weights(policy.state_dict())                                            # sync
-            m = {**reward_metrics(trajs, cfg.reward.mode), **mismatch, **stats}
-            m.update(rollout_metrics(trajs, rstats))
-            m["time/update_s"] = update_s
-            m["time/iteration_s"] = time.monotonic() - t_it
-            m["train/tokens_per_s"] = sum(len(p.traj.tokens) for p in prepared) * max(1, cfg.ppo.epochs) / max(update_s, 1e-9)
-            due = cfg.ppo.eval_every and (it + 1) % cfg.ppo.eval_every == 0
-            if due and it + 1 < cfg.ppo.iterations:                                             # eval
-                res = await run_eval(f"iter{it + 1}", eval_tasks, seed=11)
-                if res is not None:
-                    m["eval/pass_rate"], m["eval/tests_passed_mean"] = res.pass_rate, res.tests_passed_mean
-            metrics.log(it, m)
-            if (it + 1) % cfg.ppo.checkpoint_every == 0 or it + 1 == cfg.ppo.iterations:           # checkpoint
-                save_checkpoint(run_dir, it, policy, tokenizer=tok, optimizer={"policy": opt_pi, "critic": opt_v},
-                                aux_models={"critic": critic}, keep=cfg.ppo.keep_checkpoints, overwrite=True)
-            if cfg.run.time_budget_minutes and (time.monotonic() - t_start) / 60 > cfg.run.time_budget_minutes:
-                log(f"time budget of {cfg.run.time_budget_minutes} min reached after iteration {it + 1}")
-                save_checkpoint(run_dir, it, policy, tokenizer=tok, optimizer={"policy": opt_pi, "critic": opt_v},
-                                aux_models={"critic": critic}, keep=cfg.ppo.keep_checkpoints, overwrite=True)
-                stopped_early = True
-                break
+        stopped_early = await ppo(cfg, run_dir, learner, source, pool, evals, eval_tasks, metrics, start_it, t_start)
         metrics.close()
-        publish_model(policy, tok, run_dir / "final")  # the trained policy, for `conch eval --model RUNDIR/final`
+        publish_model(learner.policy, tok, run_dir / "final")  # the trained policy, for `conch eval --model`
 
-        # ---- final evaluation and summary -----------------------------------------------------------------------
-        evals["final"] = await run_eval("final", eval_tasks, seed=11)
-        evals["heldout_final"] = await run_eval("heldout_final", heldout_tasks, seed=12)
+        evals["final"] = await evals.run("final", eval_tasks, seed=11)               # final evaluation
+        evals["heldout_final"] = await evals.run("heldout_final", heldout_tasks, seed=12)
         final_mismatch = last_mismatch(run_dir)
     finally:
+        if source is not None and getattr(source, "engine", None) is not engine:
+            await source.aclose()  # Ray workers; the local source shares `engine`, closed below
         await engine.aclose()
     summary = make_summary(evals, final_mismatch, time.monotonic() - t_start, stopped_early)
     from conch.rl.checkpoint import atomic_write_text
 
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def make_eval_engine(cfg: Config, policy: Any, tok: Any) -> Any:
+    """The in-process engine: evaluations, and the rollouts too unless they run on Ray workers."""
+    from conch.engine.hf import HFEngine
+
+    return HFEngine(policy, dtype=cfg.model.sampler_dtype, tokenizer=tok, max_batch=cfg.ppo.concurrency)
+
+
+def make_rollout_source(cfg: Config, engine: Any, codec: Any, model_dir: Path) -> Any:
+    """`cluster.backend`: this process's engine and sandboxes, or Ray rollout workers."""
+    agent = agent_config(cfg)
+    verify_every = cfg.reward.verify_every if cfg.reward.mode == "progress" else 0
+    if cfg.cluster.backend == "ray":
+        from conch.cluster.ray_rollout import RayRolloutSource
+
+        log(f"starting {cfg.cluster.rollout_workers} Ray rollout workers x {cfg.cluster.sandboxes_per_worker} "
+            f"sandboxes" + (f" on {cfg.cluster.address}" if cfg.cluster.address else " (local Ray instance)"))
+        return RayRolloutSource(model_dir, cfg.model.sampler_dtype, agent, cfg.cluster, backend=cfg.run.sandbox,
+                                verify_every=verify_every, network=cfg.sandbox.network)
+    from conch.rl.rollout_source import LocalRolloutSource
+
+    return LocalRolloutSource(engine, codec, agent, backend=cfg.run.sandbox, concurrency=cfg.ppo.concurrency,
+                              verify_every=verify_every, network=cfg.sandbox.network)
+
+
+class Evals(dict):
+    """Evaluation results by name, each cached in RUNDIR/evals/NAME.json so a resumed run does not redo it.
+
+    The engine is synced from `weights()` before an evaluation whenever the policy may have changed."""
+
+    def __init__(self, cfg: Config, run_dir: Path, engine: Any, codec: Any) -> None:
+        super().__init__()
+        self.cfg, self.run_dir, self.engine, self.codec = cfg, run_dir, engine, codec
+        self.weights: Any = None  # callable returning the policy's current weights, once a learner exists
+        (run_dir / "evals").mkdir(exist_ok=True)
+
+    async def run(self, name: str, tasks: list, seed: int) -> EvalResult | None:
+        from conch.rl.checkpoint import read_json
+
+        cache = self.run_dir / "evals" / f"{name}.json"
+        cached = read_json(cache, "evaluation cache")  # an empty or corrupt cache is redone, with a warning
+        if isinstance(cached, dict):
+            return EvalResult(**cached)
+        if not tasks:
+            return None
+        if self.weights is not None:
+            self.engine.load_weights(self.weights())
+        log(f"evaluating {name} on {len(tasks)} tasks x {self.cfg.eval.n_per_task}")
+        res = await evaluate(self.engine, self.codec, tasks, self.cfg, seed=seed)
+        from conch.rl.checkpoint import atomic_write_text
+
+        atomic_write_text(cache, json.dumps(res.to_json()))
+        log(f"eval {name}: pass rate {res.pass_rate:.3f}, tests passed {res.tests_passed_mean:.2f} ({res.samples} samples)")
+        return res
+
+
+def sft_stage(cfg: Config, run_dir: Path, policy: Any, tok: Any, codec: Any, corpus: Corpus, pad_id: int) -> Any:
+    """Warm start 1: SFT on the expert trajectories, once (a resumed run loads the published warm policy)."""
+    from conch.model.loading import load_policy
+    from conch.rl.checkpoint import publish_model
+
+    warm_dir = run_dir / "warm"
+    if marker(run_dir, "sft"):
+        return load_policy(warm_dir, dtype=cfg.model.trainer_dtype, with_tokenizer=False).model
+    report = warm_start_sft(cfg, policy, codec, corpus.trajectories, pad_id)
+    publish_model(policy, tok, warm_dir)
+    mark_done(run_dir, "sft", report)
+    return policy
+
+
+def sample_tasks(cfg: Config, pool: list, it: int) -> list:
+    rng = random.Random(cfg.run.seed * 7919 + it)
+    return rng.sample(pool, min(cfg.ppo.tasks_per_iter, len(pool)))
+
+
+async def critic_warmup(cfg: Config, learner: Any, source: Any, pool: list) -> list[float]:
+    """Warm start 2: the same iteration as PPO with the actor frozen, until explained variance stops improving."""
+    from conch.rl.plateau import Plateau
+
+    source.load_weights(learner.weights())
+    plateau = Plateau(patience=cfg.critic.patience, max_cuts=0)  # on -EV: lower is better
+    rng = random.Random(cfg.run.seed)
+    curve: list[float] = []
+    for i in range(cfg.critic.iterations):
+        tasks = rng.sample(pool, min(cfg.ppo.tasks_per_iter, len(pool)))
+        rollout = await source.rollouts(tasks, cfg.ppo.n_per_task, seed=10_000 + i)
+        m = await iteration(cfg, learner, rollout, tasks, update_policy=False, seed=i)
+        ev = m.get("train/explained_variance", float("nan"))
+        curve.append(ev)
+        log(f"critic warm-up {i + 1}/{cfg.critic.iterations}: explained variance {ev:.3f}")
+        if plateau.observe(-ev) == "stop":
+            break
+    return curve
+
+
+async def ppo(cfg: Config, run_dir: Path, learner: Any, source: Any, pool: list, evals: Evals, eval_tasks: list,
+              metrics: Any, start_it: int, t_start: float) -> bool:
+    """PPO iterations: rollout -> verify -> reward -> advantages -> update -> sync -> eval -> checkpoint.
+
+    With `ppo.off_policy_steps = 1` the rollout of iteration k+1 runs (on weights one update old) while the
+    learner trains on k; the update's truncated IS and the optional ratio mask correct for the staleness."""
+    overlap = cfg.ppo.off_policy_steps > 0
+    pending: asyncio.Task | None = None
+    pending_version = 0
+    version = start_it  # updates applied to the policy (as counted by this run's iterations)
+
+    def start(it: int) -> asyncio.Task:
+        sync = source.load_weights(learner.weights())                                      # sync
+        metrics_sync.update({"time/sync_s": sync["seconds"], "sync/bytes": sync["bytes"]})
+        return asyncio.ensure_future(source.rollouts(sample_tasks(cfg, pool, it), cfg.ppo.n_per_task, seed=it))
+
+    metrics_sync: dict[str, float] = {}
+    for it in range(start_it, cfg.ppo.iterations):
+        t_it = time.monotonic()
+        if pending is None:
+            pending, pending_version = start(it), version
+        rollout = await pending                                                            # rollout + verify
+        staleness = version - pending_version
+        pending = None
+        if overlap and it + 1 < cfg.ppo.iterations:
+            pending, pending_version = start(it + 1), version                              # k+1 overlaps update k
+        m = await iteration(cfg, learner, rollout, sample_tasks(cfg, pool, it), update_policy=True, seed=it)
+        version += 1
+        m.update(metrics_sync)
+        m["mismatch/staleness"] = staleness
+        m["time/iteration_s"] = time.monotonic() - t_it
+        due = cfg.ppo.eval_every and (it + 1) % cfg.ppo.eval_every == 0
+        if due and it + 1 < cfg.ppo.iterations:                                            # eval
+            if pending is not None:
+                await asyncio.wait([pending])  # the engine must be idle before it takes the newest weights
+            res = await evals.run(f"iter{it + 1}", eval_tasks, seed=11)
+            if res is not None:
+                m["eval/pass_rate"], m["eval/tests_passed_mean"] = res.pass_rate, res.tests_passed_mean
+        metrics.log(it, m)
+        over = cfg.run.time_budget_minutes and (time.monotonic() - t_start) / 60 > cfg.run.time_budget_minutes
+        if (it + 1) % cfg.ppo.checkpoint_every == 0 or it + 1 == cfg.ppo.iterations or over:  # checkpoint
+            learner.save(run_dir, it)
+        if over:
+            log(f"time budget of {cfg.run.time_budget_minutes} min reached after iteration {it + 1}")
+            if pending is not None:
+                pending.cancel()
+            return True
+    return False
+
+
+async def iteration(cfg: Config, learner: Any, rollout: tuple, tasks: list, update_policy: bool,
+                    seed: int) -> dict[str, float]:
+    """One learner step on a finished rollout: score (errors excluded; rewards, GAE), then update. The update
+    runs in a thread so a rollout already in flight (off-policy overlap) keeps sampling meanwhile."""
+    from conch.rl.rewards import reward_metrics
+
+    trajs, rstats = rollout
+    if cfg.reward.mode == "count_over_nop":  # each task's do-nothing count, measured once and cached
+        from conch.tasks import nop
+
+        await nop.attach(trajs, tasks, backend=cfg.run.sandbox, jobs=cfg.ppo.concurrency, network=cfg.sandbox.network)
+    scored = learner.score(trajs)
+    t_upd = time.monotonic()
+    stats = await asyncio.to_thread(learner.update, scored, update_policy, seed)
+    update_s = time.monotonic() - t_upd
+    m = {**reward_metrics(trajs, cfg.reward.mode), **scored.mismatch, **stats, **rollout_metrics(trajs, rstats)}
+    m["time/update_s"] = update_s
+    epochs = cfg.ppo.epochs if update_policy else cfg.critic.epochs
+    m["train/tokens_per_s"] = sum(len(p.traj.tokens) for p in scored.prepared) * max(1, epochs) / max(update_s, 1e-9)
+    return m
 
 
 def warm_start_sft(cfg: Config, policy: Any, codec: Any, trajectories: Path | None, pad_id: int) -> dict:

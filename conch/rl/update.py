@@ -113,12 +113,25 @@ def _pad_1d(x: torch.Tensor | None, T: int) -> torch.Tensor:
     return out
 
 
+def _clip_grads(model: Any, max_norm: float) -> float:
+    """Clip the global gradient norm; with FSDP2 the norm is a DTensor over every rank's shard."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
 def ppo_update(
     policy: Any, critic: Any, opt_pi: Any, opt_v: Any, prepared: list[Prepared], pad_id: int, replay: bool,
     loss_cfg: LossConfig, epochs: int, micro_batch: int, grad_accum: int, max_grad_norm: float,
-    update_policy: bool = True, seed: int = 0, ref_model: Any = None,
+    update_policy: bool = True, seed: int = 0, ref_model: Any = None, dp: tuple[int, int] = (0, 1),
 ) -> dict[str, float]:
-    """Clipped policy and value updates; `update_policy=False` trains the critic only (critic warm-up)."""
+    """Clipped policy and value updates; `update_policy=False` trains the critic only (critic warm-up).
+
+    `dp = (rank, world)`: data parallel (FSDP2). Every rank holds the same `prepared` batch and the same shuffle;
+    rank r runs micro-batches r, r + world, ... of each optimizer step. A loss is a sum over the step divided by
+    the step's global token count, so each rank scales its part by `world` (FSDP averages gradients over ranks)
+    and the summed gradient equals the one-process gradient. A rank short of a micro-batch runs a zero-weighted
+    one, so every rank makes the same collective calls."""
+    rank, world = dp
     rng = random.Random(seed)
     stats: list[LossStats] = []
     grad_norms_pi: list[float] = []
@@ -139,7 +152,11 @@ def ppo_update(
                 opt_pi.zero_grad(set_to_none=True)
             if opt_v is not None:
                 opt_v.zero_grad(set_to_none=True)
-            for mb in _chunks(step, micro_batch):
+            micro = _chunks(step, micro_batch)
+            rounds = -(-len(micro) // world)
+            for j in range(rounds):
+                mine = rank + j * world
+                mb, scale = (micro[mine], float(world)) if mine < len(micro) else (micro[0], 0.0)
                 batch = collate([p.traj for p in mb], pad_id, with_experts=True)
                 T = batch.ids.shape[1]
                 old_lp = _pad([p.old_lp for p in mb], T)
@@ -160,14 +177,14 @@ def ppo_update(
                 else:
                     loss, _clip = value_loss(values, old_v, ret, batch.mask, clip=loss_cfg.value_clip, denom=denom)
                     st = None
-                loss.backward()
-                if st is not None:
+                (loss * scale).backward()
+                if st is not None and scale:
                     stats.append(st)
             if update_policy:
-                grad_norms_pi.append(float(torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)))
+                grad_norms_pi.append(_clip_grads(policy, max_grad_norm))
                 opt_pi.step()
             if opt_v is not None:
-                grad_norms_v.append(float(torch.nn.utils.clip_grad_norm_(critic.parameters(), max_grad_norm)))
+                grad_norms_v.append(_clip_grads(critic, max_grad_norm))
                 opt_v.step()
     policy.eval()
     if critic is not None:

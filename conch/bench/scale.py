@@ -1,0 +1,184 @@
+"""`conch bench scale`: rollouts over Ray workers (scaling, a killed worker), off-policy overlap, weight sync.
+
+What it measures, on a local Ray cluster (this machine):
+- rollout: the same batch of sandbox-bound episodes (every command sleeps, so the cores are not the limit) on
+  1, 2, 4 workers; the ideal time is the best a perfect scheduler could do with the episodes' own durations:
+  max(longest episode, total episode time / slots);
+- fault: one worker killed while it has episodes in flight; every scheduled (task, sample) must come back once;
+- async: PPO iterations of the real driver (`rl/train.ppo`) with `off_policy_steps` 0 and 1, the rollout
+  sized to take about as long as the update;
+- sync: seconds and bytes to push the policy to every worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TEST_SH = """#!/bin/bash
+mkdir -p /logs/verifier
+status=failed; [ -f /app/done ] && status=passed
+echo '{"results": {"tests": [{"name": "done", "status": "'$status'"}]}}' > /logs/verifier/ctrf.json
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", default="1,2,4", help="rollout worker counts to compare (default 1,2,4)")
+    parser.add_argument("--trajectories", type=int, default=256, help="episodes per rollout run (default 256)")
+    parser.add_argument("--slots", type=int, default=8, help="sandboxes per worker (default 8)")
+    parser.add_argument("--sleep", type=float, default=2.0, help="seconds each command sleeps (default 2)")
+    parser.add_argument("--turns", type=int, default=2, help="commands per episode (default 2)")
+    parser.add_argument("--iterations", type=int, default=3, help="PPO iterations per async mode (default 3)")
+
+
+def write_task(root: Path) -> Path:
+    """A minimal Harbor task: the verifier passes when /app/done exists."""
+    task = root / "sleepy"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60.0\n[agent]\ntimeout_sec = 600.0\n')
+    (task / "instruction.md").write_text("Create the file /app/done.\n")
+    (task / "environment" / "Dockerfile").write_text("FROM python:3.11-slim-bookworm\nWORKDIR /app\n")
+    (task / "tests" / "test.sh").write_text(TEST_SH)
+    return task
+
+
+def _cluster(workers: int, slots: int) -> Any:
+    from conch.config import ClusterConfig
+
+    return ClusterConfig(backend="ray", rollout_workers=workers, sandboxes_per_worker=slots, worker_cpus=0.01,
+                         start_timeout=300)
+
+
+def _ideal(trajs: list, slots: int) -> float:
+    times = [t.timings.get("total_seconds", 0.0) for t in trajs]
+    return max(max(times, default=0.0), sum(times) / max(1, slots))
+
+
+async def _rollout_runs(args: argparse.Namespace, model_dir: Path, agent: Any, tasks: list) -> dict:
+    from conch.cluster.ray_rollout import RayRolloutSource
+
+    out: dict[str, Any] = {"workers": [], "trajectories": args.trajectories, "seconds": [], "ideal_seconds": [],
+                           "lost": 0, "duplicated": 0, "payload_bytes_per_1k_tokens": None}
+    for w in [int(x) for x in args.workers.split(",") if x.strip()]:
+        src = RayRolloutSource(model_dir, "float32", agent, _cluster(w, args.slots))
+        try:
+            t0 = time.monotonic()
+            trajs, _ = await src.rollouts(tasks, args.trajectories, seed=w)
+            seconds = time.monotonic() - t0
+        finally:
+            await src.aclose()
+        want = {(tasks[0].name, k) for k in range(args.trajectories)}
+        got = [(t.task, t.sample) for t in trajs]
+        out["lost"] += len(want - set(got))
+        out["duplicated"] += len(got) - len(set(got)) + src.last["duplicated"]
+        out["workers"].append(w)
+        out["seconds"].append(round(seconds, 2))
+        out["ideal_seconds"].append(round(_ideal(trajs, w * args.slots), 2))
+        out["payload_bytes_per_1k_tokens"] = round(1000 * src.last["shipped_bytes"] / max(1, src.last["tokens"]))
+        out["payload_over_raw"] = round(src.last["shipped_bytes"] / max(1, src.last["raw_bytes"]), 3)
+        print(f"bench scale: {w} workers: {seconds:.1f} s (ideal {out['ideal_seconds'][-1]:.1f} s)", file=sys.stderr)
+    return out
+
+
+async def _fault_run(args: argparse.Namespace, model_dir: Path, agent: Any, tasks: list) -> dict:
+    import ray
+
+    from conch.cluster.ray_rollout import RayRolloutSource
+
+    src = RayRolloutSource(model_dir, "float32", agent, _cluster(2, args.slots))
+    n = 4 * args.slots
+    killed: list[int] = []
+
+    def on_dispatch(job: Any, worker: int) -> None:
+        if len(killed) == 0 and job.index == 2 * args.slots:  # both workers full, a result came back
+            killed.append(worker)
+            ray.kill(src.workers[0], no_restart=True)
+
+    try:
+        trajs, _ = await src.rollouts(tasks, n, seed=99, on_dispatch=on_dispatch)
+    finally:
+        await src.aclose()
+    got = [(t.task, t.sample) for t in trajs]
+    want = {(tasks[0].name, k) for k in range(n)}
+    return {"killed_workers": len(killed), "requeued": src.last["requeued"], "lost": len(want - set(got)),
+            "duplicated": len(got) - len(set(got)) + src.last["duplicated"]}
+
+
+async def _async_runs(args: argparse.Namespace, model_dir: Path, tasks: list, tmp: Path) -> tuple[dict, dict]:
+    from conch.config import load_config
+    from conch.model.loading import load_policy
+    from conch.rl.learner import Learner
+    from conch.rl.metrics import MetricsLogger
+    from conch.cluster.ray_rollout import RayRolloutSource
+    from conch.rl.train import ppo
+
+    result: dict[str, float] = {}
+    sync: dict[str, float] = {}
+    for steps in (0, 1):
+        cfg = load_config(overrides=[
+            "cluster.backend=ray", "cluster.rollout_workers=2", f"cluster.sandboxes_per_worker={args.slots}",
+            "cluster.worker_cpus=0.01", f"ppo.off_policy_steps={steps}", f"ppo.iterations={args.iterations}",
+            "ppo.tasks_per_iter=1", f"ppo.n_per_task={2 * args.slots}", "ppo.micro_batch=4", "ppo.grad_accum=2",
+            "ppo.epochs=2", "ppo.checkpoint_every=1000", f"agent.max_turns={args.turns}", "agent.max_new_tokens=8",
+            "run.time_budget_minutes=0"])
+        loaded = load_policy(model_dir)
+        learner = Learner(cfg, loaded.model, loaded.tokenizer, pad_id=loaded.tokenizer.pad_token_id or 0)
+        source = RayRolloutSource(model_dir, "float32", _agent(args), cfg.cluster)
+        run_dir = tmp / f"async{steps}"
+        run_dir.mkdir()
+        metrics = MetricsLogger(run_dir)
+        try:
+            t0 = time.monotonic()
+            await ppo(cfg, run_dir, learner, source, tasks, None, [], metrics, 0, t0)
+            total = time.monotonic() - t0
+        finally:
+            metrics.close()
+            await source.aclose()
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        result[f"{'async' if steps else 'sync'}_iteration_s"] = round(total / max(1, len(rows)), 2)
+        result[f"{'async' if steps else 'sync'}_update_s"] = round(sum(r["time/update_s"] for r in rows) / len(rows), 2)
+        sync = {"seconds": round(max(r.get("time/sync_s", 0.0) for r in rows), 4),
+                "bytes": int(max(r.get("sync/bytes", 0) for r in rows))}
+        print(f"bench scale: off_policy_steps={steps}: {result} ", file=sys.stderr)
+    return result, sync
+
+
+def _agent(args: argparse.Namespace) -> Any:
+    from conch.agent.loop import AgentConfig
+
+    return AgentConfig(max_turns=args.turns, max_new_tokens=8, max_context=1024, command_timeout=60,
+                       fallback_command=f"sleep {args.sleep}; touch /app/done")
+
+
+async def _bench(args: argparse.Namespace) -> dict:
+    from conch.cluster.ray_rollout import connect
+    from conch.model.init import cached_model
+    from conch.tasks.loader import load_tasks
+
+    connect("")
+    model_dir = cached_model()
+    with tempfile.TemporaryDirectory(prefix="conch-bench-scale-") as tmp:
+        tasks = load_tasks([write_task(Path(tmp))])
+        agent = _agent(args)
+        rollout = await _rollout_runs(args, model_dir, agent, tasks)
+        fault = await _fault_run(args, model_dir, agent, tasks)
+        async_part, sync = await _async_runs(args, model_dir, tasks, Path(tmp))
+    return {"rollout": rollout, "fault": fault, "async": async_part, "sync": sync}
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        print("conch bench scale: needs ray (pinned in pyproject; `make install`)", file=sys.stderr)
+        return 2
+    result = asyncio.run(_bench(args))
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0

@@ -1,0 +1,108 @@
+"""The learner: policy, critic, their optimizers and the reference model, behind score / update / save / load.
+
+Why a role object: the driver (`rl/train.py`) should read as the algorithm, and the same learner must run in
+this process or sharded over ranks (FSDP2, `rl/distributed.py`) without the driver changing. Scoring
+(`score`) is the pure part of an iteration: trainer log-probs before the update, values, rewards, group
+baseline, GAE and whitening (`rl/update.prepare`, `rl/advantages.py`, `rl/rewards.py`); `update` is one PPO
+update, or a critic-only one during the warm-up (`update_policy=False`).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from conch.agent.trajectory import Trajectory
+from conch.config import Config
+
+
+@dataclass
+class Scored:
+    """A rollout batch ready for the update: the prepared trajectories and what was left out, and why."""
+
+    prepared: list
+    mismatch: dict[str, float]
+    excluded: list = field(default_factory=list)
+
+
+def loss_config(cfg: Config):
+    from conch.rl.losses import LossConfig
+
+    p = cfg.ppo
+    return LossConfig(clip_low=p.clip_low, clip_high=p.clip_high, dual_clip=p.dual_clip or None,
+                      value_clip=p.value_clip or None, entropy_coef=p.entropy_coef, kl_coef=p.kl_coef,
+                      tis_cap=p.tis_cap or None, agg=p.loss_agg, mask_low=p.mask_low or None,
+                      mask_high=p.mask_high or None)
+
+
+class Learner:
+    def __init__(self, cfg: Config, policy: Any, tokenizer: Any, pad_id: int, dp: tuple[int, int] = (0, 1)) -> None:
+        from conch.rl.critic import ValueModel
+
+        self.cfg, self.policy, self.tokenizer, self.pad_id, self.dp = cfg, policy, tokenizer, pad_id, dp
+        self.replay = cfg.ppo.routing_replay
+        self.critic = ValueModel.from_policy(policy)
+        self.ref_model = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.ppo.kl_coef else None
+        if dp[1] > 1:
+            from conch.rl.distributed import shard
+
+            for m in (self.policy, self.critic, self.ref_model):
+                if m is not None:
+                    shard(m)
+        self.opt_pi = torch.optim.AdamW(self.policy.parameters(), lr=cfg.ppo.lr, betas=(0.9, 0.95))
+        self.opt_v = torch.optim.AdamW(self.critic.parameters(), lr=cfg.ppo.critic_lr)
+        self.loss_cfg = loss_config(cfg)
+
+    def score(self, trajs: list[Trajectory]) -> Scored:
+        """Exclude errored trajectories, then old log-probs, values, rewards and advantages (no gradient)."""
+        from conch.rl.rewards import partition
+        from conch.rl.update import prepare
+
+        p = self.cfg.ppo
+        kept, excluded = partition(trajs)
+        prepared, mismatch = prepare(self.policy, self.critic, kept, self.pad_id, self.replay, self.cfg.reward.mode,
+                                     p.gamma, p.lam, p.micro_batch, group_baseline=p.group_baseline)
+        return Scored(prepared, mismatch, excluded)
+
+    def update(self, scored: Scored, update_policy: bool = True, seed: int = 0) -> dict[str, float]:
+        """One update over the batch: PPO (actor and critic), or the critic alone during the warm-up."""
+        from conch.rl.update import ppo_update
+
+        p = self.cfg.ppo
+        epochs = p.epochs if update_policy else self.cfg.critic.epochs
+        return ppo_update(self.policy, self.critic, self.opt_pi if update_policy else None, self.opt_v,
+                          scored.prepared, self.pad_id, self.replay, self.loss_cfg, epochs, p.micro_batch,
+                          p.grad_accum, p.max_grad_norm, update_policy=update_policy, seed=seed,
+                          ref_model=self.ref_model if update_policy else None, dp=self.dp)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The policy's full weights (gathered from every rank when sharded), for weight sync."""
+        from conch.rl.distributed import full_state_dict
+
+        return full_state_dict(self.policy)
+
+    def save(self, run_dir: Path, iteration: int) -> Path:
+        from conch.rl.checkpoint import save_checkpoint
+
+        return save_checkpoint(run_dir, iteration, self.policy, tokenizer=self.tokenizer,
+                               optimizer={"policy": self.opt_pi, "critic": self.opt_v},
+                               aux_models={"critic": self.critic}, keep=self.cfg.ppo.keep_checkpoints,
+                               overwrite=True)
+
+    def load(self, path: Path) -> int:
+        """Restore a checkpoint (policy, critic, optimizers, RNG); returns its iteration."""
+        from conch.rl.checkpoint import load_checkpoint
+
+        info = load_checkpoint(path, model=self.policy, optimizer={"policy": self.opt_pi, "critic": self.opt_v},
+                               aux_models={"critic": self.critic})
+        return info.iteration
+
+    def save_critic(self, path: Path) -> None:
+        torch.save(self.critic.state_dict(), path)
+
+    def load_critic(self, path: Path) -> None:
+        self.critic.load_state_dict(torch.load(path, weights_only=True))

@@ -1,0 +1,79 @@
+"""Where the PPO driver gets its trajectories from: a rollout source.
+
+Why an object: the driver should not care whether episodes run in this process (one engine, one sandbox pool)
+or on Ray workers spread over machines (an engine replica and a sandbox pool each). Both take the same
+(task, sample, seed) jobs, return the same plain `Trajectory` data in (task, sample) order, and take new weights
+after each update through `load_weights`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+from conch.agent.loop import AgentConfig
+from conch.agent.rollout import RolloutStats
+from conch.agent.trajectory import Trajectory
+from conch.tasks.model import Task
+
+
+@dataclass(frozen=True)
+class Job:
+    """One episode to run: the `index` orders results and derives the episode's sampling seed."""
+
+    index: int
+    task: Task
+    sample: int
+
+    def seed(self, base: int) -> int:
+        return base * 1_000_003 + self.index
+
+
+def plan_jobs(tasks: Sequence[Task], n_per_task: int) -> list[Job]:
+    """Every (task, sample) pair once, in task order: the unit of scheduling and of exactly-once accounting."""
+    return [Job(i, t, k) for i, (t, k) in enumerate((t, k) for t in tasks for k in range(n_per_task))]
+
+
+class RolloutSource(Protocol):
+    async def rollouts(self, tasks: Sequence[Task], n_per_task: int, seed: int,
+                       on_done: Callable[[Trajectory], None] | None = None) -> tuple[list[Trajectory], RolloutStats]:
+        ...
+
+    def load_weights(self, state_dict: dict) -> dict[str, float]:
+        """Push new policy weights to every engine; returns {"seconds": s, "bytes": n}."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class LocalRolloutSource:
+    """Episodes in this process: one engine (continuous batching) and up to `concurrency` sandboxes at once."""
+
+    def __init__(self, engine: Any, codec: Any, agent: AgentConfig, backend: str = "local", concurrency: int = 8,
+                 verify_every: int = 0, network: str = "never") -> None:
+        self.engine, self.codec, self.agent = engine, codec, agent
+        self.backend, self.concurrency, self.verify_every = backend, concurrency, verify_every
+        self.network = network
+
+    async def rollouts(self, tasks: Sequence[Task], n_per_task: int, seed: int,
+                       on_done: Callable[[Trajectory], None] | None = None) -> tuple[list[Trajectory], RolloutStats]:
+        from conch.agent.rollout import run_rollouts
+
+        return await run_rollouts(self.engine, self.codec, tasks, n_per_task, self.agent,
+                                  concurrency=self.concurrency, backend=self.backend, seed=seed,
+                                  verify_every=self.verify_every, on_done=on_done, network=self.network)
+
+    def load_weights(self, state_dict: dict) -> dict[str, float]:
+        import time
+
+        t0 = time.monotonic()
+        self.engine.load_weights(state_dict)
+        return {"seconds": time.monotonic() - t0, "bytes": float(state_bytes(state_dict))}
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()
+
+
+def state_bytes(state_dict: dict) -> int:
+    return sum(int(v.numel()) * v.element_size() for v in state_dict.values() if hasattr(v, "numel"))
+

@@ -8,6 +8,7 @@ field's documentation, so the config is its own reference.
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 import types
 import typing
@@ -60,7 +61,16 @@ class CorpusConfig:
     families: list = opt(["make-dirs", "count-lines", "count-files", "copy-files", "remove-files"],
                           "train families to synthesize (default: the starter families sized for the tiny demo model; "
                           "empty: every family of the train split)")
-    seed: int = opt(1, "synthesis seed of the training tasks (eval uses disjoint seeds)")
+    seed: int = opt(1, "synthesis seed of the training tasks (eval uses disjoint seeds); also the seed of "
+                       "corpus.split")
+    split: list = opt([0.3, 0.5, 0.2], "with corpus.train_tasks and no corpus.eval_tasks: shares of the user's "
+                                        "tasks for SFT demonstrations, the PPO pool and evaluation (by task, "
+                                        "seeded by corpus.seed)")
+    sft_data: str = opt("", "JSONL file of OpenAI-style chats ({\"messages\": [...]} with tool_calls) for the SFT "
+                            "warm start; empty: demonstrations from the training tasks' solution/solve.sh, run "
+                            "in the sandbox and kept only when they pass")
+    decontam_against: str = opt("", "folder of reference (benchmark) tasks; the user's tasks that nearly copy one "
+                                    "are dropped before training (report: RUNDIR/decontam.json)")
 
 
 @dataclass
@@ -291,7 +301,7 @@ def describe(cfg: Config) -> str:
             elif isinstance(value, str):
                 text = f'"{value}"'
             elif isinstance(value, list):
-                text = "[" + ", ".join(f'"{v}"' for v in value) + "]"
+                text = "[" + ", ".join(json.dumps(v) for v in value) + "]"
             else:
                 text = repr(value)
             lines.append(f"{f.name} = {text}  # {f.metadata.get('doc', '')}")

@@ -31,6 +31,10 @@ def run(args: argparse.Namespace) -> int:
             if not (run_dir / "config.toml").exists():
                 raise UsageError(f"{run_dir}: not a conch run folder (no config.toml)")
             cfg = load_config(args.config or run_dir / "config.toml", args.overrides)
+            from conch.rl.stages import check_resume_changes
+
+            for line in check_resume_changes(load_config(run_dir / "config.toml"), cfg, run_dir):
+                print(f"conch train: resume changes {line}", file=sys.stderr)
         else:
             run_dir = Path(args.out)
             if (run_dir / "config.toml").exists():

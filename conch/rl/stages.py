@@ -167,10 +167,13 @@ class EvalResult:
     samples: int
     tasks: int
     per_task: dict[str, dict[str, float]]
+    turns_mean: float = 0.0  # assistant turns per episode
+    sampled_tokens_mean: float = 0.0  # tokens the policy sampled per episode
 
     def to_json(self) -> dict[str, Any]:
         return {"pass_rate": self.pass_rate, "tests_passed_mean": self.tests_passed_mean, "samples": self.samples,
-                "tasks": self.tasks, "per_task": self.per_task}
+                "tasks": self.tasks, "turns_mean": self.turns_mean, "sampled_tokens_mean": self.sampled_tokens_mean,
+                "per_task": self.per_task}
 
 
 def eval_result(trajs: Sequence[Any]) -> EvalResult:
@@ -184,6 +187,8 @@ def eval_result(trajs: Sequence[Any]) -> EvalResult:
         tests_passed_mean=sum(t.n_passed for t in trajs) / n,
         samples=len(trajs),
         tasks=len(per),
+        turns_mean=sum(len(t.turns) for t in trajs) / n,
+        sampled_tokens_mean=sum(t.num_sampled for t in trajs) / n,
         per_task={k: {"pass_rate": sum(1 for t in v if t.n_total and t.n_passed == t.n_total) / len(v),
                       "tests_passed_mean": sum(t.n_passed for t in v) / len(v),
                       "n_total": max(t.n_total for t in v)} for k, v in sorted(per.items())},

@@ -158,8 +158,9 @@ def build_user_corpus(cfg: Config, run_dir: Path, log) -> dict[str, Any]:
     if c.eval_tasks:
         sft, pool = train, train
     else:
-        sft, pool, evals = split_tasks(train, parse_split(c.split), c.seed)
-        log(f"split {len(train)} task(s) of {c.train_tasks} by corpus.split {c.split}: {len(sft)} SFT, "
+        shares = parse_split(c.split)
+        sft, pool, evals = split_tasks(train, shares, c.seed)
+        log(f"split {len(train)} task(s) of {c.train_tasks} by corpus.split {shares}: {len(sft)} SFT, "
             f"{len(pool)} PPO pool, {len(evals)} evaluation")
         pool = pool or sft
     if not pool:

@@ -12,7 +12,7 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("model", help="create or inspect policy models", description=__doc__)
+    p = sub.add_parser("model", help="create a policy model (one action so far: init)", description=__doc__)
     msub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
     ip = msub.add_parser("init", help="create a randomly initialised Qwen3-MoE model with its tokenizer",
                          description="Create a randomly initialised Qwen3-MoE model (HF format) with a BPE "

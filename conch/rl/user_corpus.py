@@ -23,19 +23,24 @@ from typing import Any, Sequence
 from conch.config import Config, ConfigError
 
 
-def split_counts(n: int, shares: Sequence[float]) -> list[int]:
-    """`n` split by `shares` (largest remainder); every share > 0 gets at least one item while n allows."""
+def split_counts(n: int, shares: Sequence[float], priority: Sequence[int] = (1, 2, 0)) -> list[int]:
+    """`n` split by `shares` (largest remainder). A share > 0 that rounded to zero takes one item from the
+    largest part holding more than one, else from a part later in `priority` (default: PPO pool, then
+    evaluation, then SFT: with two tasks, one is trained on by PPO and one evaluated)."""
     total = sum(shares)
     raw = [n * s / total for s in shares]
     counts = [int(r) for r in raw]
     for i in sorted(range(len(raw)), key=lambda i: raw[i] - counts[i], reverse=True)[: n - sum(counts)]:
         counts[i] += 1
-    for i, s in enumerate(shares):  # a wanted share that rounded to zero takes one from the largest
-        if s > 0 and counts[i] == 0:
-            j = max(range(len(counts)), key=lambda j: counts[j])
-            if counts[j] > 1:
-                counts[j] -= 1
-                counts[i] += 1
+    order = list(priority) + [i for i in range(len(shares)) if i not in priority]
+    for rank, i in enumerate(order):
+        if shares[i] <= 0 or counts[i]:
+            continue
+        donors = [j for j in range(len(counts)) if counts[j] > 1] or [j for j in order[rank + 1:] if counts[j]]
+        if donors:
+            j = max(donors, key=lambda j: counts[j])
+            counts[j] -= 1
+            counts[i] += 1
     return counts
 
 

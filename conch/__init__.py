@@ -1,7 +1,8 @@
 """conch: train long-horizon terminal agents with RL on Mixture-of-Experts models.
 
 The public names below are imported on first use (PEP 562), so `import conch` and `conch --help` stay light:
-nothing loads torch, transformers or a sandbox backend until you touch a name that needs it.
+nothing loads torch, transformers or a sandbox backend until you touch a name that needs it. No public name
+may equal a submodule's (importing `conch.verify` rebinds `conch.verify` to the module), hence `verify_task`.
 
     import asyncio, conch
     task = conch.load_task("tasks/my-task")                      # Harbor or Terminal-Bench 1 folder
@@ -24,7 +25,7 @@ _EXPORTS = {
     "load_task": "conch.tasks.loader", "load_tasks": "conch.tasks.loader",
     # sandboxes and the verifier
     "make_sandbox": "conch.sandbox", "Sandbox": "conch.sandbox", "SandboxSpec": "conch.sandbox",
-    "ExecResult": "conch.sandbox", "verify": "conch.verify", "VerifyResult": "conch.verify",
+    "ExecResult": "conch.sandbox", "verify_task": "conch.verify:verify", "VerifyResult": "conch.verify",
     "run_task": "conch.harness", "CheckResult": "conch.harness",
     # the agent loop and engines
     "AgentConfig": "conch.agent.loop", "run_one": "conch.agent.rollout", "run_rollouts": "conch.agent.rollout",
@@ -42,10 +43,11 @@ __all__ = ["__version__", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    where = _EXPORTS.get(name)
+    if where is None:
         raise AttributeError(f"module 'conch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    module, _, attr = where.partition(":")
+    value = getattr(importlib.import_module(module), attr or name)
     globals()[name] = value
     return value
 

@@ -32,7 +32,7 @@ def test_load_task_open_sandbox_run_commands_verify(tmp_path, base_root):
             await shell.run("mkdir -p /app/out && cd /app/out")
             r = await shell.run("echo apple > word-apple.txt && pwd")  # the shell kept its cwd
             await shell.close()
-            return r, await conch.verify(sandbox, task)
+            return r, await conch.verify_task(sandbox, task)
         finally:
             await sandbox.stop()
 

@@ -66,9 +66,10 @@ class CorpusConfig:
     split: list = opt([0.3, 0.5, 0.2], "with corpus.train_tasks and no corpus.eval_tasks: shares of the user's "
                                         "tasks for SFT demonstrations, the PPO pool and evaluation (by task, "
                                         "seeded by corpus.seed)")
-    sft_data: str = opt("", "JSONL file of OpenAI-style chats ({\"messages\": [...]} with tool_calls) for the SFT "
-                            "warm start; empty: demonstrations from the training tasks' solution/solve.sh, run "
-                            "in the sandbox and kept only when they pass")
+    sft_data: str = opt("", "demonstrations for the SFT warm start: a JSONL file of OpenAI-style chats "
+                            "({\"messages\": [...]} with tool_calls) or ATIF trajectories, or a folder of "
+                            ".json/.jsonl files; empty: the training tasks' solution/solve.sh, run in the "
+                            "sandbox and kept only when they pass")
     decontam_against: str = opt("", "folder of reference (benchmark) tasks; the user's tasks that nearly copy one "
                                     "are dropped before training (report: RUNDIR/decontam.json)")
 

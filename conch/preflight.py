@@ -70,7 +70,8 @@ def check_train_paths(cfg: Config) -> None:
     if c.sft_data:
         from conch.tasks.demos import DemoFormatError, read_sft_data
 
-        check_file(c.sft_data, "corpus.sft_data")
+        if not Path(c.sft_data).expanduser().is_dir():
+            check_file(c.sft_data, "corpus.sft_data")
         try:
             read_sft_data(Path(c.sft_data))
         except DemoFormatError as exc:

@@ -146,3 +146,89 @@ def test_demonstrations_are_kept_only_when_they_pass(tmp_path, base_root):
     tool_msgs = [m["content"] for m in good.chat["messages"] if m["role"] == "tool"]
     assert tool_msgs[-1] == "wrote word-apple.txt\n[exit code: 0]"  # observed in the sandbox, not made up
     assert bad.chat is None and "passed 1/2 tests" in bad.error
+
+
+ATIF = {
+    "schema_version": "ATIF-v1.4", "session_id": "s1", "agent": {"name": "terminus-2", "version": "1"},
+    "steps": [
+        {"step_id": 1, "source": "user", "message": "Make /app/out."},
+        {"step_id": 2, "source": "agent", "message": "Creating it.",
+         "tool_calls": [{"tool_call_id": "c1", "function_name": "bash_command",
+                         "arguments": {"keystrokes": "mkdir -p /app/out\n"}}],
+         "observation": {"results": [{"source_call_id": "c1", "content": ""}]}},
+        {"step_id": 3, "source": "agent", "message": "Done."},
+    ],
+}
+
+
+def test_sft_data_reads_atif_trajectories_and_folders(tmp_path):
+    (tmp_path / "trial1").mkdir()
+    (tmp_path / "trial1" / "trajectory.json").write_text(json.dumps(ATIF))
+    good = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "ok"}]}
+    (tmp_path / "more.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(ATIF) + "\n")
+    chats = read_sft_data(tmp_path)
+    assert len(chats) == 3
+    atif = chats[1]  # more.jsonl:2 sorts after more.jsonl:1, before trial1/
+    roles = [m["role"] for m in atif["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant"]
+    assert atif["messages"][2]["tool_calls"][0]["function"] == {"name": "bash",
+                                                                "arguments": {"command": "mkdir -p /app/out"}}
+    bad = dict(ATIF, steps=[ATIF["steps"][0], {"step_id": 2, "source": "agent", "message": "",
+                                               "tool_calls": [{"function_name": "web", "arguments": {"q": 1}}]}])
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(DemoFormatError, match="bad.json: step 1: tool call 'web' is not a shell command"):
+        read_sft_data(tmp_path)
+
+
+def test_a_failed_corpus_stage_is_not_pinned_and_resume_can_fix_it(tmp_path):
+    import subprocess
+    import sys
+
+    from own_tasks import write_malformed
+
+    def conch(*args):
+        return subprocess.run([sys.executable, "-m", "conch", *args], capture_output=True, text=True, timeout=120)
+
+    a, b, run = tmp_path / "a", tmp_path / "b", tmp_path / "run"
+    write_malformed(a, "only-broken")
+    write_malformed(b, "also-broken")
+    p = conch("train", "--out", str(run), f"corpus.train_tasks={a}")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "skipping malformed task only-broken" in p.stderr and f"no usable tasks in {a}" in p.stderr
+    assert not (run / "corpus.done.json").exists()
+    r = conch("train", "--resume", str(run), f"corpus.train_tasks={b}")
+    assert f"resume changes corpus.train_tasks: '{a}' -> '{b}'" in r.stderr  # allowed: the stage never finished
+    assert r.returncode == 2 and f"no usable tasks in {b}" in r.stderr
+    assert f'train_tasks = "{b}"' in (run / "config.toml").read_text()
+
+
+def test_user_corpus_decontaminates_before_the_split(tmp_path):
+    from conch.rl.user_corpus import build_user_corpus
+
+    tasks = tmp_path / "tasks"
+    texts = {"apple": "Parse the nginx access log and report the ten most frequent client addresses.",
+             "birch": "Compile the C project under /src with make and fix the missing header include.",
+             "cedar": "Write a shell script that rotates the files in /var/spool/jobs, keeping the newest seven "
+                      "archives compressed with gzip and deleting everything older than thirty days.",
+             "delta": "Create a Python virtual environment and pin the versions listed in requirements.txt.",
+             "ember": "Find every symbolic link under /opt that points to a missing file and remove it."}
+    for w, text in texts.items():
+        (write_task(tasks, f"word-{w}", w) / "instruction.md").write_text(text + "\n")
+    ref = tmp_path / "bench" / "copied"
+    ref.mkdir(parents=True)
+    (ref / "instruction.md").write_text((tasks / "word-cedar" / "instruction.md").read_text())
+    demos = tmp_path / "d.jsonl"
+    demos.write_text(json.dumps({"messages": [{"role": "user", "content": "x"},
+                                              {"role": "assistant", "content": "ok"}]}) + "\n")
+    cfg = load_config(None, [f"corpus.train_tasks={tasks}", f"corpus.decontam_against={tmp_path / 'bench'}",
+                             f"corpus.sft_data={demos}", "corpus.split=1,1,1"])
+    lines: list[str] = []
+    done = build_user_corpus(cfg, tmp_path / "run", lines.append)
+    report = json.loads((tmp_path / "run" / "decontam.json").read_text())
+    assert report["flagged"] == 1 and [t["task"] for t in report["tasks"] if t["flagged"]] == ["word-cedar"]
+    used = sum(done["tasks"].values(), [])
+    assert "word-cedar" not in used and len(used) == 4
+    assert any("1 dropped: word-cedar" in line for line in lines)
+    linked = {p.name for p in Path(done["rl"]).iterdir()}
+    assert linked == set(done["tasks"]["rl"]) and all(p.is_symlink() for p in Path(done["rl"]).iterdir())
+    assert Path(done["trajectories"]).read_text().count("\n") == 1

@@ -11,6 +11,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="run folder (metrics.jsonl, checkpoints, summary.json)")
     p.add_argument("--resume", metavar="RUNDIR", help="continue a run from its last complete stage/iteration")
     p.add_argument("--json", action="store_true", help="print summary.json to stdout at the end")
+    p.add_argument("--against", metavar="DIR", help="drop training/eval tasks that nearly copy a task in DIR "
+                                                    "(same as corpus.decontam_against=DIR; report in RUNDIR)")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     p.set_defaults(func=run)
 
@@ -23,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
     from conch.cli import UsageError
     from conch.config import ConfigError, load_config
 
+    if args.against:
+        args.overrides = [*args.overrides, f"corpus.decontam_against={args.against}"]
     if bool(args.out) == bool(args.resume):
         raise UsageError("give exactly one of --out RUNDIR (new run) or --resume RUNDIR")
     try:

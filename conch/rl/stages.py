@@ -102,12 +102,33 @@ def build_corpus(cfg: Config, run_dir: Path) -> Corpus:
         log(f"synthesizing {c.n_heldout} tasks of the heldout families")
         synthesize(heldout, c.n_heldout, c.seed + 2 * EVAL_SEED_OFFSET, select_families(None, split="heldout"),
                    validate=True, jobs=cfg.run.jobs, backend=cfg.run.sandbox, log=lambda m: None)
+    if c.decontam_against:
+        drop_contaminated(cfg, run_dir, [p for p in (train, eval_dir, rl, heldout) if p and p.is_dir()], traj_path)
     corpus = Corpus(train, eval_dir, heldout, traj_path, rl)
     mark_done(run_dir, "corpus", {"train": str(train), "eval": str(eval_dir), "heldout": str(heldout),
                                   "trajectories": str(traj_path) if traj_path else None,
                                   "rl": str(rl) if rl else None,
                                   "seconds": time.monotonic() - t0})
     return corpus
+
+
+def drop_contaminated(cfg: Config, run_dir: Path, folders: list[Path], trajectories: Path | None) -> None:
+    """Synthesized tasks that nearly copy a task of `corpus.decontam_against` are deleted, with their
+    demonstrations; the report is RUNDIR/decontam.json."""
+    import shutil
+
+    from conch.rl.user_corpus import decontaminate_tasks
+
+    flagged = decontaminate_tasks(folders, Path(cfg.corpus.decontam_against), run_dir / "decontam.json", log)
+    root = (run_dir / "corpus").resolve()
+    names = {p.name for p in flagged if root in p.parents}
+    for p in flagged:
+        if root in p.parents:
+            shutil.rmtree(p)
+    if names and trajectories is not None and trajectories.exists():
+        kept = [line for line in trajectories.read_text().splitlines()
+                if line.strip() and json.loads(line).get("task") not in names]
+        trajectories.write_text("".join(line + "\n" for line in kept))
 
 
 def drop_seen_instructions(folder: Path, other: Path) -> int:

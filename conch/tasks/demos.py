@@ -1,5 +1,5 @@
-"""Demonstrations for the SFT warm start from the user's own material: a task's `solution/solve.sh`, or a JSONL
-file of OpenAI-style chats (`corpus.sft_data`).
+"""Demonstrations for the SFT warm start from the user's own material: a task's `solution/solve.sh`, or chats
+the user brings (`corpus.sft_data`: JSONL of OpenAI-style messages, or ATIF trajectories as Harbor writes them).
 
 Why a solution script becomes many tool calls, not one: the policy acts one command per turn and sees each
 command's output before the next; a demonstration of `bash /solution/solve.sh` as a single call would teach it
@@ -152,17 +152,72 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
     return {"type": "function", "function": {"name": fn["name"], "arguments": args}}
 
 
-def read_sft_data(path: Path) -> list[dict[str, Any]]:
-    """Every chat of a JSONL demonstrations file, normalized; DemoFormatError names the first bad line."""
-    chats = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+def atif_to_chat(record: dict[str, Any], where: str) -> dict[str, Any]:
+    """An ATIF trajectory (Harbor's Agent Trajectory Interchange Format: `steps` of source system/user/agent,
+    agent steps with `tool_calls` and an `observation`) as an OpenAI-style chat. Tool calls must be shell
+    commands: `arguments.command`, or `arguments.keystrokes` (Terminus) without its trailing newline. ATIF
+    results carry no exit code, so those observations lack the `[exit code: N]` line rollouts show."""
+    messages: list[dict[str, Any]] = []
+    for i, step in enumerate(record.get("steps") or []):
+        if not isinstance(step, dict):
+            raise DemoFormatError(f"{where}: step {i} is not an object")
+        source, text = step.get("source"), step.get("message") or ""
+        if not isinstance(text, str):
+            text = json.dumps(text)
+        if source in ("system", "user"):
+            messages.append({"role": source, "content": text})
+            continue
+        if source != "agent":
+            raise DemoFormatError(f"{where}: step {i}: source must be system, user or agent, got {source!r}")
+        calls = []
+        for c in step.get("tool_calls") or []:
+            args = c.get("arguments") if isinstance(c, dict) else None
+            command = (args or {}).get("command", (args or {}).get("keystrokes"))
+            if not isinstance(command, str):
+                name = c.get("function_name") if isinstance(c, dict) else c
+                raise DemoFormatError(f"{where}: step {i}: tool call {name!r} is not a shell command (conch's "
+                                      f"agent has one bash tool)")
+            command = command.rstrip("\n")
+            calls.append({"type": "function", "function": {"name": "bash", "arguments": {"command": command}}})
+        messages.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})})
+        results = (step.get("observation") or {}).get("results") or []
+        for r in results:
+            messages.append({"role": "tool", "content": str(r.get("content") or "") if isinstance(r, dict) else str(r)})
+    name = str(record.get("task_name") or record.get("session_id") or "")
+    return {"task": name, "messages": messages}
+
+
+def _records(path: Path) -> list[tuple[Any, str]]:
+    """(record, where) of a .jsonl file (one per line), a .json file (one object), or a folder of them."""
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl"))
+        return [rec for f in files for rec in _records(f)]
+    text = path.read_text()
+    if path.suffix == ".json":
+        try:
+            return [(json.loads(text), str(path))]
+        except json.JSONDecodeError as exc:
+            raise DemoFormatError(f"{path}: not JSON ({exc.msg})") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            out.append((json.loads(line), f"{path}:{n}"))
         except json.JSONDecodeError as exc:
             raise DemoFormatError(f"{path}:{n}: not JSON ({exc.msg})") from None
-        chats.append(normalize_chat(record, f"{path}:{n}"))
+    return out
+
+
+def read_sft_data(path: Path) -> list[dict[str, Any]]:
+    """Every chat of a demonstrations file or folder, normalized: JSONL of OpenAI-style chats or ATIF
+    trajectories, a JSON file of either, or a folder of such files (e.g. Harbor's trajectory.json per trial).
+    DemoFormatError names the first bad file and line."""
+    chats = []
+    for record, where in _records(Path(path)):
+        if isinstance(record, dict) and "steps" in record and "messages" not in record:
+            record = atif_to_chat(record, where)
+        chats.append(normalize_chat(record, where))
     if not chats:
         raise DemoFormatError(f"{path}: no demonstrations")
     return chats

@@ -113,10 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("CONCH_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
-    if not debug:
-        import warnings
+    import warnings
 
+    saved = warnings.showwarning
+    if not debug:
         warnings.showwarning = _warning_as_sentence
+    try:
+        return _main(argv, debug)
+    finally:
+        warnings.showwarning = saved
+
+
+def _main(argv: list[str], debug: bool) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras:

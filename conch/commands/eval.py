@@ -82,14 +82,18 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
+    import sys
+
     from conch.cli import UsageError
     from conch.preflight import check_task_dir
-    from conch.rl.stages import evaluate, load_task_list
+    from conch.rl.stages import evaluate
+    from conch.rl.user_corpus import load_user_tasks
 
     cfg, model, folders = resolve(args)
     for folder in folders:
         check_task_dir(folder, "--tasks")
-    tasks = [t for p in folders for t in load_task_list(p)]
+    say = lambda msg: print(f"conch eval: {msg}", file=sys.stderr)  # noqa: E731
+    tasks = [t for p in folders for t in load_user_tasks(p, say)]
     if not tasks:
         raise UsageError(f"--tasks: no loadable tasks under {' '.join(map(str, folders))}")
 

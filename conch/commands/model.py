@@ -18,11 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                          description="Create a randomly initialised Qwen3-MoE model (HF format) with a BPE "
                                      "tokenizer trained offline. Deterministic given --seed.")
     ip.add_argument("--out", required=True, help="output folder (created; must be empty or absent)")
-    ip.add_argument("--size", default="tiny", choices=("tiny", "small"))
+    ip.add_argument("--size", default="tiny", choices=("tiny", "small"), help="model size (default tiny)")
     ip.add_argument("--tokenizer-corpus", nargs="*", default=[], metavar="PATH",
                     help="extra files/folders for tokenizer training (text, JSON, JSONL)")
     ip.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary size (default 4096)")
-    ip.add_argument("--seed", type=int, default=0)
+    ip.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
     ip.add_argument("--force", action="store_true", help="write into a non-empty folder")
     ip.set_defaults(func=run_init)
 

@@ -1,4 +1,13 @@
-"""`conch train`: warm-started PPO for a terminal agent (the main job). See conch/rl/train.py for the algorithm."""
+"""`conch train`: warm-started PPO for a terminal agent (the main job). See conch/rl/train.py for the algorithm.
+
+    conch train --out RUNDIR                                     synthesized tasks, the tiny model (the demo)
+    conch train --out RUNDIR corpus.train_tasks=DIR              your own tasks: split into SFT / PPO / eval,
+                                                                 demonstrations from their solution/solve.sh
+    conch train --out RUNDIR corpus.train_tasks=DIR corpus.eval_tasks=DIR2 corpus.sft_data=FILE.jsonl
+    conch train --resume RUNDIR [section.key=value ...]          continue; changes to unfinished stages allowed
+
+Every path in the config is checked before the first stage; `conch config show` documents every key.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +15,8 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train an agent: corpus, SFT warm start, critic warm-up, PPO", description=__doc__)
+    p = sub.add_parser("train", help="train an agent: corpus, SFT warm start, critic warm-up, PPO", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="TOML config file (see `conch config show`)")
     p.add_argument("--out", help="run folder (metrics.jsonl, checkpoints, summary.json)")
     p.add_argument("--resume", metavar="RUNDIR", help="continue a run from its last complete stage/iteration")

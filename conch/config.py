@@ -273,6 +273,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
             data = tomllib.loads(p.read_text())
         except FileNotFoundError:
             raise ConfigError(f"{p}: config file not found") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{p}: cannot read the config file ({getattr(exc, 'strerror', None) or exc})") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p}: invalid TOML: {exc}") from None
         for section, table in data.items():

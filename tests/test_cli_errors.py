@@ -85,6 +85,7 @@ def test_unreadable_config_and_bad_values(tmp_path):
     cfg.write_text("[ppo\nlr = 1\n")
     one_line_error(conch("train", "--out", str(tmp_path / "run"), "--config", str(cfg)), str(cfg), "invalid TOML")
     one_line_error(conch("config", "show", "--config", str(tmp_path / "none.toml")), "none.toml", "not found")
+    one_line_error(conch("config", "show", "--config", str(tmp_path)), str(tmp_path), "cannot read the config")
     one_line_error(conch("train", "--out", str(tmp_path / "run"), "ppo.lr=-1"), "ppo.lr")
     one_line_error(conch("config", "show", "ppo.lrr=1"), "did you mean lr")
 

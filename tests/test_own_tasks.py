@@ -232,3 +232,20 @@ def test_user_corpus_decontaminates_before_the_split(tmp_path):
     linked = {p.name for p in Path(done["rl"]).iterdir()}
     assert linked == set(done["tasks"]["rl"]) and all(p.is_symlink() for p in Path(done["rl"]).iterdir())
     assert Path(done["trajectories"]).read_text().count("\n") == 1
+
+
+def test_two_folders_use_the_whole_training_folder_for_sft_and_ppo(tmp_path):
+    from conch.rl.user_corpus import build_user_corpus
+
+    train, held = tmp_path / "train", tmp_path / "held"
+    for w in ("apple", "birch", "cedar"):
+        write_task(train, f"word-{w}", w)
+    write_task(held, "word-delta", "delta")
+    demos = tmp_path / "d.jsonl"
+    demos.write_text(json.dumps({"messages": [{"role": "user", "content": "x"},
+                                              {"role": "assistant", "content": "ok"}]}) + "\n")
+    cfg = load_config(None, [f"corpus.train_tasks={train}", f"corpus.eval_tasks={held}", f"corpus.sft_data={demos}"])
+    done = build_user_corpus(cfg, tmp_path / "run", lambda m: None)
+    assert done["tasks"] == {"sft": ["word-apple", "word-birch", "word-cedar"],
+                             "rl": ["word-apple", "word-birch", "word-cedar"], "eval": ["word-delta"]}
+    assert [p.resolve() for p in Path(done["eval"]).iterdir()] == [(held / "word-delta").resolve()]

@@ -154,6 +154,11 @@ def _main(argv: list[str], debug: bool) -> int:
         if isinstance(exc, (UsageError, ConfigError)):
             print(f"conch {args.command}: error: {exc}", file=sys.stderr)
             return 2
+        if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)):
+            # a path the user gave that a command did not check itself
+            where = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
+            print(f"conch {args.command}: error: {where}", file=sys.stderr)
+            return 2
         print(f"conch {args.command}: error: {type(exc).__name__}: {exc} (run again with --debug for the "
               f"traceback)", file=sys.stderr)
         return 1

@@ -162,3 +162,8 @@ def test_warnings_read_as_sentences(monkeypatch, capsys):
     assert warnings.showwarning is saved  # restored: main leaves no global hook behind
     err = capsys.readouterr().err
     assert err.strip() == "conch: warning: the sampler fell back to float32"
+
+
+def test_a_path_error_a_command_did_not_check_is_still_one_line(tmp_path):
+    p = conch("bench", "engine", "--model", str(tmp_path / "nope"))
+    one_line_error(p, str(tmp_path / "nope"), "does not exist")

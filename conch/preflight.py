@@ -16,7 +16,7 @@ WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.pt")
 
 
 def check_dir(path: str | Path, key: str) -> Path:
-    p = Path(path).expanduser()
+    p = Path(path)
     if not p.exists():
         raise ConfigError(f"{key}: {p} does not exist")
     if not p.is_dir():
@@ -25,7 +25,7 @@ def check_dir(path: str | Path, key: str) -> Path:
 
 
 def check_file(path: str | Path, key: str) -> Path:
-    p = Path(path).expanduser()
+    p = Path(path)
     if not p.exists():
         raise ConfigError(f"{key}: {p} does not exist")
     if not p.is_file():
@@ -47,7 +47,7 @@ def check_task_dir(path: str | Path, key: str) -> Path:
     """A task folder, or a folder with task folders below it."""
     from conch.tasks.loader import find_task_dirs
 
-    p = Path(path).expanduser()
+    p = Path(path)
     if p.is_file() and p.name in ("task.toml", "task.yaml"):
         return p
     p = check_dir(p, key)
@@ -70,7 +70,7 @@ def check_train_paths(cfg: Config) -> None:
     if c.sft_data:
         from conch.tasks.demos import DemoFormatError, read_sft_data
 
-        if not Path(c.sft_data).expanduser().is_dir():
+        if not Path(c.sft_data).is_dir():
             check_file(c.sft_data, "corpus.sft_data")
         try:
             read_sft_data(Path(c.sft_data))

@@ -97,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
     if not tasks:
         raise UsageError(f"--tasks: no loadable tasks under {' '.join(map(str, folders))}")
 
+    a = cfg.agent
+    say(f"{model} on {len(tasks)} task(s) x {cfg.eval.n_per_task}, temperature {cfg.eval.temperature}, "
+        f"{a.max_turns} turns of {a.max_new_tokens} tokens, context {a.max_context}, seed {args.seed}")
+
     async def main():
         from conch.agent.tito import ChatCodec
         from conch.engine.hf import HFEngine
@@ -116,5 +120,6 @@ def run(args: argparse.Namespace) -> int:
         for name, d in res.per_task.items():
             print(f"{name:40} pass {d['pass_rate']:.2f}  tests {d['tests_passed_mean']:.2f}/{d['n_total']}")
         print(f"pass rate {res.pass_rate:.3f}, tests passed mean {res.tests_passed_mean:.2f} "
-              f"({res.tasks} tasks, {res.samples} samples)")
+              f"({res.tasks} tasks, {res.samples} samples; per episode {res.turns_mean:.2f} turns, "
+              f"{res.sampled_tokens_mean:.1f} sampled tokens)")
     return 0

@@ -135,7 +135,8 @@ def test_demonstrations_are_kept_only_when_they_pass(tmp_path, base_root):
     from conch.tasks.demos import demonstrate_all
 
     write_task(tmp_path, "word-apple", "apple")
-    write_task(tmp_path, "word-wrong", "birch", solve="#!/bin/bash\nmkdir -p /app/out\necho oak > /app/out/word-wrong.txt\n")
+    wrong = "#!/bin/bash\nmkdir -p /app/out\necho oak > /app/out/word-wrong.txt\n"  # passes 1 of 2 tests
+    write_task(tmp_path, "word-wrong", "birch", solve=wrong)
     results = asyncio.run(demonstrate_all(load_tasks([tmp_path])))
     by = {r.task: r for r in results}
     good, bad = by["word-apple"], by["word-wrong"]

@@ -8,6 +8,7 @@ field's documentation, so the config is its own reference.
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 import types
 import typing
@@ -60,7 +61,17 @@ class CorpusConfig:
     families: list = opt(["make-dirs", "count-lines", "count-files", "copy-files", "remove-files"],
                           "train families to synthesize (default: the starter families sized for the tiny demo model; "
                           "empty: every family of the train split)")
-    seed: int = opt(1, "synthesis seed of the training tasks (eval uses disjoint seeds)")
+    seed: int = opt(1, "synthesis seed of the training tasks (eval uses disjoint seeds); also the seed of "
+                       "corpus.split")
+    split: list = opt([0.3, 0.5, 0.2], "with corpus.train_tasks and no corpus.eval_tasks: shares of the user's "
+                                        "tasks for SFT demonstrations, the PPO pool and evaluation (by task, "
+                                        "seeded by corpus.seed)")
+    sft_data: str = opt("", "demonstrations for the SFT warm start: a JSONL file of OpenAI-style chats "
+                            "({\"messages\": [...]} with tool_calls) or ATIF trajectories, or a folder of "
+                            ".json/.jsonl files; empty: the training tasks' solution/solve.sh, run in the "
+                            "sandbox and kept only when they pass")
+    decontam_against: str = opt("", "folder of reference (benchmark) tasks; the user's tasks that nearly copy one "
+                                    "are dropped before training (report: RUNDIR/decontam.json)")
 
 
 @dataclass
@@ -262,8 +273,6 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
         if isinstance(value, str):  # a TOML inline table or JSON object: {sandbox_node = 1}
             text = value.strip() or "{}"
             try:
-                import json
-
                 value = json.loads(text) if ":" in text else tomllib.loads(f"v = {text}")["v"]
             except (ValueError, tomllib.TOMLDecodeError) as exc:
                 raise ConfigError(f"{where}: expected a table such as {{name = 1}}, got {value!r} ({exc})") from None
@@ -307,6 +316,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
             data = tomllib.loads(p.read_text())
         except FileNotFoundError:
             raise ConfigError(f"{p}: config file not found") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{p}: cannot read the config file ({getattr(exc, 'strerror', None) or exc})") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p}: invalid TOML: {exc}") from None
         for section, table in data.items():
@@ -336,9 +347,9 @@ def describe(cfg: Config) -> str:
             elif isinstance(value, str):
                 text = f'"{value}"'
             elif isinstance(value, list):
-                text = "[" + ", ".join(f'"{v}"' for v in value) + "]"
+                text = "[" + ", ".join(json.dumps(v) for v in value) + "]"
             elif isinstance(value, dict):
-                text = "{" + ", ".join(f"{k} = {v!r}" for k, v in value.items()) + "}"
+                text = "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in value.items()) + "}"
             else:
                 text = repr(value)
             lines.append(f"{f.name} = {text}  # {f.metadata.get('doc', '')}")

@@ -6,11 +6,12 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("config", help="show the resolved training config", description=__doc__)
+    p = sub.add_parser("config", help="show the resolved config, every field documented (one action: show)",
+                       description=__doc__)
     csub = p.add_subparsers(dest="config_cmd", metavar="ACTION", required=True)
     show = csub.add_parser("show", help="print the resolved config (TOML with docs)")
-    show.add_argument("--config", help="TOML config file")
-    show.add_argument("overrides", nargs="*", metavar="section.key=value")
+    show.add_argument("--config", help="TOML config file (applied over the defaults, before the overrides)")
+    show.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     show.set_defaults(func=run_show)
 
 

@@ -12,17 +12,17 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("model", help="create or inspect policy models", description=__doc__)
+    p = sub.add_parser("model", help="create a policy model (one action so far: init)", description=__doc__)
     msub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
     ip = msub.add_parser("init", help="create a randomly initialised Qwen3-MoE model with its tokenizer",
                          description="Create a randomly initialised Qwen3-MoE model (HF format) with a BPE "
                                      "tokenizer trained offline. Deterministic given --seed.")
     ip.add_argument("--out", required=True, help="output folder (created; must be empty or absent)")
-    ip.add_argument("--size", default="tiny", choices=("tiny", "small"))
+    ip.add_argument("--size", default="tiny", choices=("tiny", "small"), help="model size (default tiny)")
     ip.add_argument("--tokenizer-corpus", nargs="*", default=[], metavar="PATH",
                     help="extra files/folders for tokenizer training (text, JSON, JSONL)")
     ip.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary size (default 4096)")
-    ip.add_argument("--seed", type=int, default=0)
+    ip.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
     ip.add_argument("--force", action="store_true", help="write into a non-empty folder")
     ip.set_defaults(func=run_init)
 

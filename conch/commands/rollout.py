@@ -10,18 +10,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="HF checkpoint folder (default: the embedded tiny MoE, created on first use)")
     p.add_argument("--tasks", nargs="+", required=True, help="task folders (searched recursively)")
     p.add_argument("--n-per-task", type=int, default=1, help="trajectories per task (default 1)")
-    p.add_argument("--concurrency", type=int, default=8, help="trajectories in flight at once (default 8)")
+    p.add_argument("--concurrency", type=int, help="trajectories in flight at once (default: ppo.concurrency)")
     p.add_argument("--out", required=True, help="output JSONL file (appended as trajectories finish)")
-    p.add_argument("--sandbox", default="local", choices=["local", "docker"])
-    p.add_argument("--mode", default="tito", choices=["tito", "retokenize"], help="token bookkeeping (default tito)")
-    p.add_argument("--max-turns", type=int, default=300)
-    p.add_argument("--max-new-tokens", type=int, default=256, help="per assistant turn")
-    p.add_argument("--max-context", type=int, default=32768)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="sampler dtype")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sandbox", choices=["local", "docker"], help="sandbox backend (default: run.sandbox)")
+    p.add_argument("--mode", choices=["tito", "retokenize"], help="token bookkeeping (default: agent.mode)")
+    p.add_argument("--max-turns", type=int, help="assistant turns per episode (default: agent.max_turns)")
+    p.add_argument("--max-new-tokens", type=int, help="tokens per assistant turn (default: agent.max_new_tokens)")
+    p.add_argument("--max-context", type=int, help="context limit in tokens (default: agent.max_context)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default: agent.temperature)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling (default: agent.top_p)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="sampler dtype (default: model.sampler_dtype)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--config", help="TOML config file whose [agent] settings apply (see `conch config show`)")
     p.add_argument("--json", action="store_true", help="print a JSON summary to stdout")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     p.set_defaults(func=run)
 
 
@@ -33,8 +35,11 @@ def run(args: argparse.Namespace) -> int:
 
     from conch.cli import UsageError
     from conch.tasks.loader import load_tasks
+    from conch.preflight import check_task_dir
     from conch.tasks.model import TaskLoadError
 
+    for p in args.tasks:
+        check_task_dir(p, "--tasks")
     tasks = load_tasks([Path(p) for p in args.tasks])
     bad = [t for t in tasks if isinstance(t, TaskLoadError)]
     for t in bad:
@@ -42,25 +47,27 @@ def run(args: argparse.Namespace) -> int:
     tasks = [t for t in tasks if not isinstance(t, TaskLoadError)]
     if not tasks:
         raise UsageError(f"no loadable tasks under {' '.join(args.tasks)}")
-    if args.n_per_task < 1 or args.concurrency < 1:
-        raise UsageError("--n-per-task and --concurrency must be at least 1")
+    if args.n_per_task < 1:
+        raise UsageError("--n-per-task must be at least 1")
 
-    from conch.agent.loop import AgentConfig
     from conch.agent.rollout import progress_printer, run_rollouts, summarize
     from conch.agent.tito import ChatCodec
+    from conch.config import load_config
     from conch.engine.hf import HFEngine
-    from conch.tasks.synth.trajectories import BASH_TOOL
     from conch.model.init import cached_model
+    from conch.preflight import check_model_dir
+    from conch.rl.stages import agent_config
+    from conch.tasks.synth.trajectories import BASH_TOOL
 
-    model_dir = Path(args.model) if args.model else cached_model()
-    cfg = AgentConfig(
-        max_turns=args.max_turns,
-        max_new_tokens=args.max_new_tokens,
-        max_context=args.max_context,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        mode=args.mode,
-    )
+    flags = (("concurrency", "ppo.concurrency"), ("sandbox", "run.sandbox"), ("mode", "agent.mode"),
+             ("max_turns", "agent.max_turns"), ("max_new_tokens", "agent.max_new_tokens"),
+             ("max_context", "agent.max_context"), ("temperature", "agent.temperature"),
+             ("top_p", "agent.top_p"), ("dtype", "model.sampler_dtype"))
+    conf = load_config(args.config, [*args.overrides, *(f"{key}={getattr(args, attr)}" for attr, key in flags
+                                                         if getattr(args, attr) is not None)])
+    model_dir = check_model_dir(args.model, "--model") if args.model else cached_model()
+    cfg = agent_config(conf)
+    args.concurrency, args.sandbox, args.dtype = conf.ppo.concurrency, conf.run.sandbox, conf.model.sampler_dtype
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 

@@ -14,7 +14,7 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sandbox", help="manage local sandboxes", description=__doc__)
+    p = sub.add_parser("sandbox", help="clean up after crashed sandboxes (one action so far: gc)", description=__doc__)
     ssub = p.add_subparsers(dest="sandbox_cmd", metavar="ACTION", required=True)
     gc = ssub.add_parser("gc", help="remove leftovers of crashed sandboxes", description=__doc__)
     gc.add_argument("--layers", action="store_true", help="also delete every cached Dockerfile layer")

@@ -48,31 +48,37 @@ class Corpus:
     rl: Path | None = None  # the PPO pool when it is not the train split (`corpus.n_rl`)
 
 
+def marker_corpus(done: dict) -> Corpus:
+    return Corpus(Path(done["train"]), Path(done["eval"]), Path(done["heldout"]),
+                  Path(done["trajectories"]) if done["trajectories"] else None,
+                  Path(done["rl"]) if done.get("rl") else None)
+
+
 def build_corpus(cfg: Config, run_dir: Path) -> Corpus:
     """Synthesize the train split (with expert trajectories), an eval set of new seeds of the same families, and
     a heldout-family set; or use the task folders the user named."""
     done = marker(run_dir, "corpus")
     if done:
-        return Corpus(Path(done["train"]), Path(done["eval"]), Path(done["heldout"]),
-                      Path(done["trajectories"]) if done["trajectories"] else None,
-                      Path(done["rl"]) if done.get("rl") else None)
+        return marker_corpus(done)
+    c = cfg.corpus
+    t0 = time.monotonic()
+    if c.train_tasks:  # the user's own tasks: nothing is synthesized (conch/rl/user_corpus.py)
+        from conch.rl.user_corpus import build_user_corpus
+
+        done = build_user_corpus(cfg, run_dir, log) | {"seconds": time.monotonic() - t0}
+        mark_done(run_dir, "corpus", done)  # only now: a stage that failed is never pinned
+        return marker_corpus(done)
     from conch.tasks.synth import select_families, summary_lines, synthesize
 
     root = run_dir / "corpus"
-    c = cfg.corpus
-    t0 = time.monotonic()
     train_fams = select_families(c.families or None, split="train")
-    traj_path: Path | None = None
-    if c.train_tasks:
-        train = Path(c.train_tasks)
-    else:
-        train, traj_path = root / "train", root / "expert.jsonl"
-        log(f"synthesizing {c.n_train} training tasks ({len(train_fams)} families) with expert trajectories")
-        rep = synthesize(train, c.n_train, c.seed, train_fams, validate=True, jobs=cfg.run.jobs,
-                         backend=cfg.run.sandbox, trajectories=traj_path, log=lambda m: None,
-                         mistake_rate=c.mistake_rate)
-        for line in summary_lines(rep, train_fams):
-            log(line)
+    train, traj_path = root / "train", root / "expert.jsonl"
+    log(f"synthesizing {c.n_train} training tasks ({len(train_fams)} families) with expert trajectories")
+    rep = synthesize(train, c.n_train, c.seed, train_fams, validate=True, jobs=cfg.run.jobs,
+                     backend=cfg.run.sandbox, trajectories=traj_path, log=lambda m: None,
+                     mistake_rate=c.mistake_rate)
+    for line in summary_lines(rep, train_fams):
+        log(line)
     if c.eval_tasks:
         eval_dir = Path(c.eval_tasks)
     else:
@@ -84,9 +90,7 @@ def build_corpus(cfg: Config, run_dir: Path) -> Corpus:
         if dropped:
             log(f"dropped {dropped} evaluation task(s) whose instruction also occurs in the training set")
     rl: Path | None = None
-    if c.n_rl > 0 and c.train_tasks:
-        log(f"corpus.n_rl = {c.n_rl} ignored: PPO rolls out on corpus.train_tasks ({train})")
-    elif c.n_rl > 0:
+    if c.n_rl > 0:
         # Not validated: these come from the same generators as the validated train split, and a broken task
         # would only end as a verifier error, which PPO excludes from the loss (validating hundreds of tasks
         # would cost minutes of the demo's budget).
@@ -101,12 +105,33 @@ def build_corpus(cfg: Config, run_dir: Path) -> Corpus:
         log(f"synthesizing {c.n_heldout} tasks of the heldout families")
         synthesize(heldout, c.n_heldout, c.seed + 2 * EVAL_SEED_OFFSET, select_families(None, split="heldout"),
                    validate=True, jobs=cfg.run.jobs, backend=cfg.run.sandbox, log=lambda m: None)
+    if c.decontam_against:
+        drop_contaminated(cfg, run_dir, [p for p in (train, eval_dir, rl, heldout) if p and p.is_dir()], traj_path)
     corpus = Corpus(train, eval_dir, heldout, traj_path, rl)
     mark_done(run_dir, "corpus", {"train": str(train), "eval": str(eval_dir), "heldout": str(heldout),
                                   "trajectories": str(traj_path) if traj_path else None,
                                   "rl": str(rl) if rl else None,
                                   "seconds": time.monotonic() - t0})
     return corpus
+
+
+def drop_contaminated(cfg: Config, run_dir: Path, folders: list[Path], trajectories: Path | None) -> None:
+    """Synthesized tasks that nearly copy a task of `corpus.decontam_against` are deleted, with their
+    demonstrations; the report is RUNDIR/decontam.json."""
+    import shutil
+
+    from conch.rl.user_corpus import decontaminate_tasks
+
+    flagged = decontaminate_tasks(folders, Path(cfg.corpus.decontam_against), run_dir / "decontam.json", log)
+    root = (run_dir / "corpus").resolve()
+    names = {p.name for p in flagged if root in p.parents}
+    for p in flagged:
+        if root in p.parents:
+            shutil.rmtree(p)
+    if names and trajectories is not None and trajectories.exists():
+        kept = [line for line in trajectories.read_text().splitlines()
+                if line.strip() and json.loads(line).get("task") not in names]
+        trajectories.write_text("".join(line + "\n" for line in kept))
 
 
 def drop_seen_instructions(folder: Path, other: Path) -> int:
@@ -136,6 +161,11 @@ def load_task_list(folder: Path) -> list:
     return [t for t in tasks if not isinstance(t, TaskLoadError)]
 
 
+def task_sources(folder: Path) -> list[Path]:
+    """The real folders of the tasks in `folder` (a user corpus holds symlinks, which rglob does not follow)."""
+    return [p.resolve() for p in sorted(folder.iterdir())] if folder.is_dir() else []
+
+
 def init_or_load_model(cfg: Config, run_dir: Path, corpus: Corpus) -> Path:
     """The starting checkpoint folder: the user's, or a tiny Qwen3-MoE whose tokenizer is trained on the corpus."""
     if cfg.model.path:
@@ -145,7 +175,9 @@ def init_or_load_model(cfg: Config, run_dir: Path, corpus: Corpus) -> Path:
         return out
     from conch.model.init import init_model
 
-    extra = [corpus.train] + ([corpus.trajectories] if corpus.trajectories else [])
+    extra = task_sources(corpus.train) + ([corpus.trajectories] if corpus.trajectories else [])
+    if corpus.rl and any(p.is_symlink() for p in corpus.rl.iterdir()):  # the user's PPO tasks (links)
+        extra += task_sources(corpus.rl)
     log(f"initialising a {cfg.model.size} Qwen3-MoE model with a tokenizer trained on the corpus")
     init_model(out, size=cfg.model.size, seed=cfg.run.seed, tokenizer_corpus=extra)
     mark_done(run_dir, "model", {"path": str(out)})
@@ -159,10 +191,13 @@ class EvalResult:
     samples: int
     tasks: int
     per_task: dict[str, dict[str, float]]
+    turns_mean: float = 0.0  # assistant turns per episode
+    sampled_tokens_mean: float = 0.0  # tokens the policy sampled per episode
 
     def to_json(self) -> dict[str, Any]:
         return {"pass_rate": self.pass_rate, "tests_passed_mean": self.tests_passed_mean, "samples": self.samples,
-                "tasks": self.tasks, "per_task": self.per_task}
+                "tasks": self.tasks, "turns_mean": self.turns_mean, "sampled_tokens_mean": self.sampled_tokens_mean,
+                "per_task": self.per_task}
 
 
 def eval_result(trajs: Sequence[Any]) -> EvalResult:
@@ -176,6 +211,8 @@ def eval_result(trajs: Sequence[Any]) -> EvalResult:
         tests_passed_mean=sum(t.n_passed for t in trajs) / n,
         samples=len(trajs),
         tasks=len(per),
+        turns_mean=sum(len(t.turns) for t in trajs) / n,
+        sampled_tokens_mean=sum(t.num_sampled for t in trajs) / n,
         per_task={k: {"pass_rate": sum(1 for t in v if t.n_total and t.n_passed == t.n_total) / len(v),
                       "tests_passed_mean": sum(t.n_passed for t in v) / len(v),
                       "n_total": max(t.n_total for t in v)} for k, v in sorted(per.items())},
@@ -203,3 +240,35 @@ def agent_config(cfg: Config):
     return AgentConfig(max_turns=a.max_turns, max_context=a.max_context, max_new_tokens=a.max_new_tokens,
                        obs_token_budget=a.obs_token_budget, command_timeout=a.command_timeout,
                        temperature=a.temperature, top_p=a.top_p, mode=a.mode)
+
+
+# Config keys whose stage's output is pinned once the stage is complete: (key prefix, markers that pin it).
+_PINNED = (("corpus.", ("corpus",)), ("model.path", ("model", "sft")), ("model.size", ("model", "sft")),
+           ("sft.", ("sft",)), ("critic.", ("critic",)))
+
+
+def config_changes(old: Config, new: Config) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) for every field that differs."""
+    out = []
+    a, b = old.to_dict(), new.to_dict()
+    for section, fields in b.items():
+        for key, value in fields.items():
+            if a[section][key] != value:
+                out.append((f"{section}.{key}", a[section][key], value))
+    return out
+
+
+def check_resume_changes(old: Config, new: Config, run_dir: Path) -> list[str]:
+    """Lines saying what a `--resume` changed; ConfigError when a change touches a stage already complete
+    (its output would silently not follow the new value)."""
+    from conch.config import ConfigError
+
+    lines = []
+    for key, before, after in config_changes(old, new):
+        for prefix, stages in _PINNED:
+            done = [s for s in stages if (run_dir / f"{s}.done.json").exists()]
+            if key.startswith(prefix) and done:
+                raise ConfigError(f"{key} cannot change on --resume: the {done[0]} stage is complete "
+                                  f"({run_dir / (done[0] + '.done.json')}); start a new run with --out")
+        lines.append(f"{key}: {before!r} -> {after!r}")
+    return lines

@@ -48,7 +48,11 @@ from conch.rl.stages import (
 
 
 def check_config(cfg: Config) -> None:
-    """Fail before any work when the config cannot run (e.g. routing replay on a dense model)."""
+    """Fail before any work when the config cannot run: a missing path, a folder without tasks, routing replay on
+    a dense model (conch/preflight.py)."""
+    from conch.preflight import check_model_dir, check_train_paths
+
+    check_train_paths(cfg)
     if cfg.ppo.routing_replay and cfg.model.path:
         cfg_file = Path(cfg.model.path) / "config.json"
         if not cfg_file.exists():
@@ -65,6 +69,8 @@ def check_config(cfg: Config) -> None:
             select_families(cfg.corpus.families or None, split="train")
         except ValueError as exc:
             raise ConfigError(f"corpus.families: {exc}") from None
+    if cfg.model.path:
+        check_model_dir(cfg.model.path, "model.path")
 
 
 def train(cfg: Config, run_dir: Path) -> dict[str, Any]:
@@ -92,8 +98,6 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     pool = load_task_list(corpus.rl) if corpus.rl else train_tasks  # what the critic warm-up and PPO roll out on
     eval_tasks = load_task_list(corpus.eval)
     heldout_tasks = load_task_list(corpus.heldout)
-    if not train_tasks:
-        raise ConfigError(f"no loadable training tasks in {corpus.train}")
     if not pool:
         raise ConfigError(f"no loadable PPO tasks in {corpus.rl}")
     model_dir = init_or_load_model(cfg, run_dir, corpus)
@@ -320,7 +324,8 @@ def warm_start_sft(cfg: Config, policy: Any, codec: Any, trajectories: Path | No
     from conch.rl.sft import build_example, train_sft
 
     if trajectories is None or not trajectories.exists():
-        log("no expert trajectories (user-supplied train tasks without a synthesized corpus): SFT skipped")
+        log("no demonstrations (no SFT task's solution passed when run one command per turn, and no "
+            "corpus.sft_data): SFT skipped")
         return {"skipped": True}
     chats = [json.loads(line) for line in trajectories.read_text().splitlines() if line.strip()]
     chats = [c for c in chats if c.get("split", "train") == "train"]

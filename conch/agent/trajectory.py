@@ -87,6 +87,7 @@ class Trajectory:
     timings: dict[str, float] = field(default_factory=dict)
     # Passing counts measured during the episode (reward mode `progress`): (turn index, n_passed).
     progress: list[tuple[int, int]] = field(default_factory=list)
+    tests: list[dict[str, str]] = field(default_factory=list)  # the verifier's per-test {"name", "status"}
 
     @property
     def num_sampled(self) -> int:

@@ -90,6 +90,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     from conch.rl.metrics import MetricsLogger
     from conch.rl.plateau import Plateau
     from conch.rl.rewards import partition, reward_metrics
+    from conch.report.hooks import RunRecorder
     from conch.rl.update import ppo_update, prepare
     from conch.tasks.synth.trajectories import BASH_TOOL
 
@@ -113,6 +114,10 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     engine = HFEngine(policy, dtype=cfg.model.sampler_dtype, tokenizer=tok, max_batch=cfg.ppo.concurrency)
     evals: dict[str, EvalResult] = {}
     (run_dir / "evals").mkdir(exist_ok=True)
+    metrics = MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb, config=cfg.to_dict(),
+                            wandb_project=cfg.run.wandb_project, wandb_run_name=cfg.run.name or run_dir.name,
+                            wandb_mode=cfg.run.wandb_mode)
+    recorder = RunRecorder(run_dir, metrics, cfg.run.keep_rollouts, seed=cfg.run.seed, sft_steps=cfg.sft.steps)
 
     async def run_eval(name: str, tasks: list, seed: int) -> EvalResult | None:
         cache = run_dir / "evals" / f"{name}.json"
@@ -122,7 +127,9 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
         if not tasks:
             return None
         log(f"evaluating {name} on {len(tasks)} tasks x {cfg.eval.n_per_task}")
-        res = await evaluate(engine, codec, tasks, cfg, seed=seed)
+        with recorder.evaluation(name, len(tasks) * cfg.eval.n_per_task) as keep:  # RUNDIR/trajectories
+            res = await evaluate(engine, codec, tasks, cfg, seed=seed, on_done=keep)
+        recorder.evaluated(name, res, cfg.ppo.iterations)
         cache.write_text(json.dumps(res.to_json()))
         log(f"eval {name}: pass rate {res.pass_rate:.3f}, tests passed {res.tests_passed_mean:.2f} ({res.samples} samples)")
         return res
@@ -137,7 +144,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
         if marker(run_dir, "sft"):
             policy = load_policy(warm_dir, dtype=cfg.model.trainer_dtype, with_tokenizer=False).model
         else:
-            sft_report = warm_start_sft(cfg, policy, codec, corpus.trajectories, pad_id)
+            sft_report = warm_start_sft(cfg, policy, codec, corpus.trajectories, pad_id, on_step=recorder.sft_step)
             publish_model(policy, tok, warm_dir)
             mark_done(run_dir, "sft", sft_report)
         engine.load_weights(policy.state_dict())
@@ -159,14 +166,13 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
             ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
         agent = agent_config(cfg)
         rng = random.Random(cfg.run.seed)
-        metrics = MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb, config=cfg.to_dict())
 
-        async def rollout(tasks: list, it_seed: int) -> list:
+        async def rollout(tasks: list, it_seed: int, label: str) -> list:
             total = len(tasks) * cfg.ppo.n_per_task
             trajs, stats = await run_rollouts(
                 engine, codec, tasks, cfg.ppo.n_per_task, agent, concurrency=cfg.ppo.concurrency,
                 backend=cfg.run.sandbox, seed=it_seed, verify_every=cfg.reward.verify_every if cfg.reward.mode == "progress" else 0,
-                on_done=progress_printer(total) if total <= 16 else None,
+                on_done=progress_printer(total) if total <= 16 else recorder.rollout_progress(total, label),
             )
             return trajs, stats
 
@@ -185,7 +191,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
             curve = []
             for i in range(cfg.critic.iterations):
                 tasks = rng.sample(pool, min(cfg.ppo.tasks_per_iter, len(pool)))
-                trajs, _ = await rollout(tasks, it_seed=10_000 + i)                      # rollout + verify
+                trajs, _ = await rollout(tasks, 10_000 + i, f"critic warm-up {i + 1}")   # rollout + verify
                 kept, _excluded = partition(trajs)
                 prepared, _ = prepare(policy, critic, kept, pad_id, replay, cfg.reward.mode,    # reward + GAE
                                       cfg.ppo.gamma, cfg.ppo.lam, cfg.ppo.micro_batch,
@@ -195,6 +201,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
                                    cfg.ppo.max_grad_norm, update_policy=False, seed=i)
                 ev = stats.get("train/explained_variance", float("nan"))
                 curve.append(ev)
+                recorder.critic_iteration(i, stats)
                 log(f"critic warm-up {i + 1}/{cfg.critic.iterations}: explained variance {ev:.3f}")
                 if plateau.observe(-ev) == "stop":
                     break
@@ -207,7 +214,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
             t_it = time.monotonic()
             it_rng = random.Random(cfg.run.seed * 7919 + it)
             tasks = it_rng.sample(pool, min(cfg.ppo.tasks_per_iter, len(pool)))
-            trajs, rstats = await rollout(tasks, it_seed=it)                                   # rollout + verify
+            trajs, rstats = await rollout(tasks, it, f"PPO iteration {it}")                   # rollout + verify
             kept, excluded = partition(trajs)                                                   # errors excluded
             prepared, mismatch = prepare(policy, critic, kept, pad_id, replay, cfg.reward.mode,  # reward + GAE
                                          cfg.ppo.gamma, cfg.ppo.lam, cfg.ppo.micro_batch,
@@ -221,6 +228,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
             m = {**reward_metrics(trajs, cfg.reward.mode), **mismatch, **stats}
             m.update(rollout_metrics(trajs, rstats))
             m["time/update_s"] = update_s
+            m["time/trajectory_write_s"] = recorder.ppo_iteration(it, prepared, excluded)        # RUNDIR/trajectories
             m["time/iteration_s"] = time.monotonic() - t_it
             m["train/tokens_per_s"] = sum(len(p.traj.tokens) for p in prepared) * max(1, cfg.ppo.epochs) / max(update_s, 1e-9)
             due = cfg.ppo.eval_every and (it + 1) % cfg.ppo.eval_every == 0
@@ -238,7 +246,6 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
                                 aux_models={"critic": critic}, keep=cfg.ppo.keep_checkpoints, overwrite=True)
                 stopped_early = True
                 break
-        metrics.close()
         publish_model(policy, tok, run_dir / "final")  # the trained policy, for `conch eval --model RUNDIR/final`
 
         # ---- final evaluation and summary -----------------------------------------------------------------------
@@ -246,6 +253,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
         evals["heldout_final"] = await run_eval("heldout_final", heldout_tasks, seed=12)
         final_mismatch = last_mismatch(run_dir)
     finally:
+        metrics.close()
         await engine.aclose()
     summary = make_summary(evals, final_mismatch, time.monotonic() - t_start, stopped_early)
     from conch.rl.checkpoint import atomic_write_text
@@ -254,7 +262,8 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     return summary
 
 
-def warm_start_sft(cfg: Config, policy: Any, codec: Any, trajectories: Path | None, pad_id: int) -> dict:
+def warm_start_sft(cfg: Config, policy: Any, codec: Any, trajectories: Path | None, pad_id: int,
+                   on_step: Any = None) -> dict:
     from conch.rl.sft import build_example, train_sft
 
     if trajectories is None or not trajectories.exists():
@@ -268,11 +277,12 @@ def warm_start_sft(cfg: Config, policy: Any, codec: Any, trajectories: Path | No
     examples = [build_example(codec, c["messages"], cfg.agent.max_context) for c in chats]
     log(f"SFT warm start on {len(examples)} of {available} expert trajectories (budget {cfg.sft.steps} steps)")
     rep = train_sft(policy, examples, pad_id, cfg.sft.steps, cfg.sft.lr, cfg.sft.batch_size, cfg.sft.val_fraction,
-                    cfg.sft.eval_every, cfg.sft.patience, max_cuts=cfg.sft.lr_cuts, seed=cfg.run.seed)
+                    cfg.sft.eval_every, cfg.sft.patience, max_cuts=cfg.sft.lr_cuts, seed=cfg.run.seed,
+                    on_step=on_step)
     log(f"SFT: {rep.steps} steps, best validation loss {rep.best_val:.3f}, stopped at {rep.stopped} "
         f"(learning rate cut at steps {rep.lr_cuts})")
     return {"steps": rep.steps, "best_val": rep.best_val, "stopped": rep.stopped, "seconds": rep.seconds,
-            "lr_cuts": rep.lr_cuts,
+            "lr_cuts": rep.lr_cuts, "train_curve": rep.train_loss,
             "val_curve": rep.val_loss, "examples": rep.examples, "val_examples": rep.val_examples}
 
 

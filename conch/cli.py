@@ -17,6 +17,8 @@ COMMANDS = (
     "check",
     "rollout",
     "eval",
+    "report",
+    "export",
     "synth",
     "decontam",
     "model",

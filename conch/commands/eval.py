@@ -18,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--out", help="also write every trajectory to this JSONL file (readable by `conch report`)")
     p.set_defaults(func=run)
 
 
@@ -29,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
 
     from conch.cli import UsageError
     from conch.config import load_config
+    from conch.progress import Progress
+    from conch.report.hooks import outcome_info
     from conch.rl.stages import evaluate, load_task_list
 
     tasks = [t for p in args.tasks for t in load_task_list(Path(p))]
@@ -46,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
         engine = HFEngine(Path(args.model), dtype=args.dtype, max_batch=args.concurrency)
         try:
             codec = ChatCodec(engine.tokenizer, tools=[BASH_TOOL])
-            return await evaluate(engine, codec, tasks, cfg, seed=args.seed)
+            bar = Progress(len(tasks) * args.n_per_task, "eval")
+            return await evaluate(engine, codec, tasks, cfg, seed=args.seed, out=Path(args.out) if args.out else None,
+                                  on_done=lambda t: bar.update(info=outcome_info(t)))
         finally:
             await engine.aclose()
 

@@ -198,7 +198,9 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
     from conch.agent.trajectory import Trajectory
 
     path = Path(path)
-    files = sorted((path / TRAJ_DIR).glob("*.jsonl*")) if path.is_dir() else [path]
+    # In the order they were written (init, warm, critic, iterations, final); names break ties.
+    files = (sorted((path / TRAJ_DIR).glob("*.jsonl*"), key=lambda f: (f.stat().st_mtime, f.name))
+             if path.is_dir() else [path])
     for f in files:
         with _open_text(f) as fh:
             for line in fh:

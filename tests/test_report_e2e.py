@@ -155,7 +155,7 @@ def test_train_then_report_renders(run, tmp_path):
     instruction = next(m["content"] for m in r["messages"] if m["role"] == "user")
     assert instruction.split("\n")[0][:40] in e.text["traj-transcript"]
     summary = json.loads((run / "summary.json").read_text())
-    assert f"{summary['pass_rate']['final']:.3f}"[:4] in e.text["summary-table"]
+    assert f"{summary['pass_rate']['final']:.3f}" in e.text["summary-table"]
     assert e.text["task-table"].count("-") >= 1
 
 
@@ -170,7 +170,8 @@ def _scripted_rollouts(run: Path, out: Path) -> list[str]:
     from conch.rl.stages import load_task_list
     from conch.tasks.synth.trajectories import BASH_TOOL
 
-    codec = ChatCodec(AutoTokenizer.from_pretrained(run / "init"), tools=[BASH_TOOL])
+    tok = AutoTokenizer.from_pretrained(run / "init")
+    codec = ChatCodec(tok, tools=[BASH_TOOL])
     chats = [json.loads(line) for line in (run / "corpus" / "expert.jsonl").read_text().splitlines()]
     chats = [c for c in chats if "mistake" not in c][:2]
     tasks = {t.name: t for t in load_task_list(run / "corpus" / "train")}
@@ -179,7 +180,7 @@ def _scripted_rollouts(run: Path, out: Path) -> list[str]:
     plan = {chat["task"]: cmds for chat, cmds in zip(chats, commands)}
 
     def policy(turn: int, history) -> list[int]:
-        text = codec.tokenizer.decode(list(history))
+        text = tok.decode(list(history))
         cmds = next(v for k, v in plan.items() if tasks[k].instruction.strip()[:60] in text)
         if turn < len(cmds):
             return codec.encode(tool_call_text(cmds[turn])) + [codec.end_id]

@@ -17,7 +17,8 @@ function renderSummary() {
   }
   if (rows.length) {
     h += `<table id="summary-table"><thead><tr><th></th><th class="num">init</th><th class="num">warm</th><th class="num">final</th></tr></thead><tbody>`;
-    for (const [label, d] of rows) h += `<tr><td>${label}</td>${["init", "warm", "final"].map((k) => `<td class="num">${fmt(d[k])}</td>`).join("")}</tr>`;
+    const f3 = (v) => (typeof v === "number" ? v.toFixed(3) : "–");
+    for (const [label, d] of rows) h += `<tr><td>${label}</td>${["init", "warm", "final"].map((k) => `<td class="num">${f3(d[k])}</td>`).join("")}</tr>`;
     h += `</tbody></table>`;
   } else if (run.evals && Object.keys(run.evals).length) {
     h += `<table id="summary-table"><thead><tr><th>evaluation</th><th class="num">pass rate</th><th class="num">tests passed</th><th class="num">samples</th></tr></thead><tbody>`;
@@ -121,7 +122,7 @@ function openTrajectory(i) {
   if (det.cut.length) h += `<span class="muted">cut</span><span>${esc(det.cut.join("; "))}</span>`;
   h += `</div><h4>verifier: per-test results</h4><div class="tests" id="traj-tests">`;
   h += det.tests.length ? det.tests.map((x) => `<span class="test ${esc(x.status)}" title="${esc(x.status)}">${x.status === "passed" ? "✓" : x.status === "skipped" ? "–" : "✗"} ${esc(x.name)}</span>`).join("") : `<span class="muted">no per-test results</span>`;
-  h += `</div><h4>transcript</h4><div class="term" id="traj-transcript"><span class="turn">task:</span> ${esc(det.instruction)}\n`;
+  h += `</div><h4>transcript</h4><div class="term" id="traj-transcript"><span class="turn">task:</span> ${esc(det.instruction.trim())}\n`;
   for (const [k, s] of det.steps.entries()) {
     h += `\n<span class="turn">── turn ${k + 1} · gen ${fmt(s.gen_s, 2)}s · env ${fmt(s.env_s, 2)}s · ${esc(s.finish)}</span>\n`;
     if (s.text && s.text.trim()) h += `<span class="say">${esc(s.text.trim())}</span>\n`;

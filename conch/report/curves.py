@@ -54,7 +54,7 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -85,7 +85,7 @@ def panels(run_dir: Path) -> list[Panel]:
     rows = read_metrics(run_dir, stages=True)
     ppo = [r for r in rows if "stage" not in r]
     out: list[Panel] = []
-    sft = _read_json(run_dir / "sft.done.json") or {}
+    sft = read_json(run_dir / "sft.done.json") or {}
     sft_rows = [r for r in rows if r.get("stage") == "sft"]
     train = [(r["step"], r.get("sft/loss")) for r in sft_rows] or [tuple(p) for p in sft.get("train_curve", [])]
     val = [(r["step"], r["sft/val_loss"]) for r in sft_rows if "sft/val_loss" in r] or \
@@ -98,7 +98,7 @@ def panels(run_dir: Path) -> list[Panel]:
                          vlines=[(float(c), "lr cut") for c in cuts]))
     crit = [r for r in rows if r.get("stage") == "critic"]
     ev = [(r["step"] + 1, r.get("critic/explained_variance")) for r in crit] or \
-         [(i + 1, v) for i, v in enumerate((_read_json(run_dir / "critic.done.json") or {}).get("explained_variance", []))]
+         [(i + 1, v) for i, v in enumerate((read_json(run_dir / "critic.done.json") or {}).get("explained_variance", []))]
     if ev:
         out.append(Panel("critic-ev", "critic warm-up: explained variance (actor frozen)", "warm-up iteration",
                          [Series("explained variance", [p[0] for p in ev], [_num(p[1]) for p in ev])],
@@ -121,7 +121,7 @@ def eval_panels(run_dir: Path, ppo: list[dict]) -> list[Panel]:
         for name in eval_names(run_dir):
             if name.startswith("heldout_") != heldout:
                 continue
-            d = _read_json(run_dir / "evals" / f"{name}.json")
+            d = read_json(run_dir / "evals" / f"{name}.json")
             if not d:
                 continue
             step = eval_step(name, iterations)

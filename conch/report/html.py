@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conch.report.curves import Panel, _read_json, eval_names, panels
+from conch.report.curves import Panel, eval_names, panels, read_json
 from conch.report.store import read_records
 
 MAX_DETAILED = 300
@@ -103,7 +103,7 @@ def per_task(run_dir: Path | None, records: list[dict]) -> dict[str, Any]:
     cols: dict[str, dict[str, float]] = {}
     if run_dir is not None and (run_dir / "evals").is_dir():
         for name in eval_names(run_dir):
-            d = _read_json(run_dir / "evals" / f"{name}.json")
+            d = read_json(run_dir / "evals" / f"{name}.json")
             if d:
                 cols[name] = {t: v["pass_rate"] for t, v in d.get("per_task", {}).items()}
     if not cols:
@@ -131,10 +131,10 @@ def _summary(run_dir: Path | None) -> dict[str, Any]:
         return {}
     from conch.rl.metrics import read_metrics
 
-    s = _read_json(run_dir / "summary.json") or {}
+    s = read_json(run_dir / "summary.json") or {}
     times = {}
     for name, f in (("corpus", "corpus.done.json"), ("SFT", "sft.done.json")):
-        d = _read_json(run_dir / f) or {}
+        d = read_json(run_dir / f) or {}
         if isinstance(d.get("seconds"), (int, float)):
             times[name] = d["seconds"]
     ppo = read_metrics(run_dir)
@@ -143,7 +143,7 @@ def _summary(run_dir: Path | None) -> dict[str, Any]:
         times["keeping trajectories"] = sum(r.get("time/trajectory_write_s") or 0 for r in ppo)
     if s.get("minutes"):
         times["whole run"] = s["minutes"] * 60
-    evals = {n: (_read_json(run_dir / "evals" / f"{n}.json") or {}) for n in eval_names(run_dir)}
+    evals = {n: (read_json(run_dir / "evals" / f"{n}.json") or {}) for n in eval_names(run_dir)}
     config = (run_dir / "config.toml").read_text() if (run_dir / "config.toml").exists() else ""
     return {"summary": s, "times": times, "iterations": len(ppo), "config": config,
             "evals": {n: {k: d.get(k) for k in ("pass_rate", "tests_passed_mean", "samples", "tasks")}

@@ -41,7 +41,7 @@ def chromium_path() -> str:
 def browse(page: Path, fragment: str, tmp: Path, screenshot: Path | None = None) -> tuple[str, list[str]]:
     """(DOM after the page's scripts ran, console messages) of `page#fragment`; optionally a screenshot."""
     base = [chromium_path(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-            "--window-size=1400,2200", "--virtual-time-budget=10000", "--enable-logging=stderr", "--v=0",
+            "--window-size=1400,3400", "--virtual-time-budget=10000", "--enable-logging=stderr", "--v=0",
             f"--user-data-dir={tmp / 'chromium-profile'}"]
     url = page.resolve().as_uri() + fragment
     p = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=180)
@@ -135,7 +135,7 @@ def test_train_then_report_renders(run, tmp_path):
 
     records = list(read_records(run))
     i = max(k for k, r in enumerate(records) if r["stage"] == "eval" and r["tests"])
-    dom, console = browse(page, f"#traj={i}", tmp_path, screenshot=ARTIFACTS / "report-run.png")
+    dom, console = browse(page, f"#traj={i}&top", tmp_path, screenshot=ARTIFACTS / "report-run.png")
     e = parse(dom)
     assert console == [] and e.text.get("js-errors", "") == "", (console, e.text.get("js-errors"))
     assert 'data-ready="1"' in dom

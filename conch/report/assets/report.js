@@ -51,7 +51,8 @@ function renderCurves() {
     const traces = p.series.map((s) => ({ name: s.name, x: s.x, y: s.y, type: "scatter", mode: s.x.length < 40 ? "lines+markers" : "lines", connectgaps: true }));
     const shapes = p.vlines.map(([x]) => ({ type: "line", x0: x, x1: x, yref: "paper", y0: 0, y1: 1, line: { dash: "dash", width: 1, color: "#888" } }));
     const xs = p.series.flatMap((s) => s.x), span = xs.length ? Math.max(...xs) - Math.min(...xs) : 0;
-    const layout = { title: { text: p.title, font: { size: 14 }, x: 0.02, xanchor: "left" }, margin: { l: 50, r: 12, t: 36, b: 40 }, shapes,
+    const empty = p.series.every((s) => s.y.every((v) => v === null));
+    const layout = { title: { text: p.title + (empty ? " — no finite values (NaN) yet" : ""), font: { size: 14 }, x: 0.02, xanchor: "left" }, margin: { l: 50, r: 12, t: 36, b: 40 }, shapes,
       xaxis: { title: { text: p.xlabel, font: { size: 11 } }, dtick: Math.max(1, Math.ceil(span / 8)) }, legend: { orientation: "h", y: -0.25, font: { size: 10 } }, showlegend: p.series.length > 1,
       annotations: p.note ? [{ text: p.note, xref: "paper", yref: "paper", x: 0, y: 1.02, showarrow: false, font: { size: 10, color: "#6b7480" }, xanchor: "left" }] : [] };
     Plotly.newPlot(div, traces, layout, { displaylogo: false, responsive: true, displayModeBar: false });
@@ -157,6 +158,6 @@ renderCurves();
 renderBrowser();
 renderTasks();
 const m = location.hash.match(/traj=(\d+)/);
-if (m) { openTrajectory(Number(m[1])); document.getElementById("trajectories").scrollIntoView(); }
+if (m) { openTrajectory(Number(m[1])); if (!/top/.test(location.hash)) document.getElementById("trajectories").scrollIntoView(); }
 else if (T.length) openTrajectory(T[T.length - 1].i);
 document.body.dataset.ready = "1";

@@ -20,10 +20,13 @@ def fmt_seconds(s: float) -> str:
 
 
 class Progress:
-    """`p = Progress(40, "eval warm"); p.update(info="task-1 3/3"); ...; p.close()`."""
+    """`p = Progress(40, "eval warm"); p.update(info="task-1 3/3"); ...; p.close()`.
+
+    `late`: the bar is created after the first item finished (a callback that only hears of finished items), so
+    the rate is measured from the first update on, not from creation."""
 
     def __init__(self, total: int, label: str, stream: IO[str] | None = None, every_s: float = 10.0,
-                 tty: bool | None = None, width: int = 24) -> None:
+                 tty: bool | None = None, width: int = 24, late: bool = False) -> None:
         self.total, self.label, self.every_s, self.width = max(0, total), label, every_s, width
         self.stream = stream if stream is not None else sys.stderr
         self.tty = tty if tty is not None else bool(getattr(self.stream, "isatty", lambda: False)())
@@ -31,16 +34,21 @@ class Progress:
         self.t0 = time.monotonic()
         self._last = float("-inf")
         self._open = False
+        self.late = late
+        self._first: tuple[float, int] | None = None
 
     def eta(self) -> float | None:
         if not self.done or not self.total:
             return None
-        return (time.monotonic() - self.t0) / self.done * (self.total - self.done)
+        t0, d0 = self._first if self.late and self._first else (self.t0, 0)
+        if self.done <= d0:
+            return None
+        return (time.monotonic() - t0) / (self.done - d0) * (self.total - self.done)
 
     def line(self, info: str = "") -> str:
         elapsed = fmt_seconds(time.monotonic() - self.t0)
         eta = self.eta()
-        eta_txt = f"ETA {fmt_seconds(eta)}" if eta is not None and self.done < self.total else "done"
+        eta_txt = "done" if self.done >= self.total else f"ETA {fmt_seconds(eta)}" if eta is not None else "ETA ?"
         pct = self.done / self.total if self.total else 1.0
         if self.tty:
             fill = int(pct * self.width)
@@ -52,6 +60,8 @@ class Progress:
     def update(self, n: int = 1, info: str = "") -> None:
         self.done = min(self.total, self.done + n) if self.total else self.done + n
         now = time.monotonic()
+        if self._first is None:
+            self._first = (now, self.done)
         last = self.done >= self.total
         if self.tty:
             self.stream.write("\r\033[K" + self.line(info))

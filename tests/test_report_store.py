@@ -199,3 +199,12 @@ def test_atif_import_rejects_an_invalid_trajectory():
     with pytest.raises(ValidationError):
         atif_to_messages({"schema_version": "ATIF-v1.8", "agent": {"name": "x", "version": "1"},
                           "steps": [{"step_id": 2, "source": "user", "message": "hi"}]})
+
+
+def test_progress_created_late_measures_from_its_first_update():
+    out = io.StringIO()
+    p = Progress(10, "SFT", stream=out, every_s=0, late=True)
+    p.update()
+    assert "ETA ?" in out.getvalue()  # one point is no rate
+    p.update()
+    assert "ETA " in out.getvalue().splitlines()[-1] and "?" not in out.getvalue().splitlines()[-1]

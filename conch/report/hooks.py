@@ -67,7 +67,7 @@ class RunRecorder:
 
     def sft_step(self, step: int, values: dict[str, float]) -> None:
         if self._sft_bar is None:
-            self._sft_bar = Progress(self.sft_steps, "SFT")
+            self._sft_bar = Progress(self.sft_steps, "SFT", late=True)
         self._sft_bar.update(info=f"loss {values['sft/loss']:.3f}")
         self.metrics.log_event("sft", step, values)
 

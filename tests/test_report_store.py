@@ -208,3 +208,12 @@ def test_progress_created_late_measures_from_its_first_update():
     assert "ETA ?" in out.getvalue()  # one point is no rate
     p.update()
     assert "ETA " in out.getvalue().splitlines()[-1] and "?" not in out.getvalue().splitlines()[-1]
+
+
+def test_curves_keep_the_last_attempt_of_a_resumed_stage():
+    from conch.report.curves import last_attempt
+
+    sft = [{"step": s} for s in (1, 2, 3, 1, 2)]  # SFT interrupted at step 3, run again
+    assert [r["step"] for r in last_attempt(sft, "step")] == [1, 2]
+    ppo = [{"iteration": 0, "v": 1}, {"iteration": 1, "v": 2}, {"iteration": 1, "v": 3}]
+    assert [r["v"] for r in last_attempt(ppo, "iteration")] == [1, 3]

@@ -79,14 +79,27 @@ def eval_step(name: str, iterations: int) -> int:
     return int(base[4:]) if base.startswith("iter") else iterations if base == "final" else 0
 
 
+def last_attempt(rows: list[dict], key: str) -> list[dict]:
+    """The rows of the last attempt of a stage: an interrupted stage that ran again (`--resume`) starts its
+    counter over, and a PPO iteration logged twice keeps its last record."""
+    if key == "iteration":
+        return list({r["iteration"]: r for r in rows}.values())
+    out: list[dict] = []
+    for r in rows:
+        if out and r[key] <= out[-1][key]:
+            out = []
+        out.append(r)
+    return out
+
+
 def panels(run_dir: Path) -> list[Panel]:
     from conch.rl.metrics import read_metrics
 
     rows = read_metrics(run_dir, stages=True)
-    ppo = [r for r in rows if "stage" not in r]
+    ppo = sorted(last_attempt([r for r in rows if "stage" not in r], "iteration"), key=lambda r: r["iteration"])
     out: list[Panel] = []
     sft = read_json(run_dir / "sft.done.json") or {}
-    sft_rows = [r for r in rows if r.get("stage") == "sft"]
+    sft_rows = last_attempt([r for r in rows if r.get("stage") == "sft"], "step")
     train = [(r["step"], r.get("sft/loss")) for r in sft_rows] or [tuple(p) for p in sft.get("train_curve", [])]
     val = [(r["step"], r["sft/val_loss"]) for r in sft_rows if "sft/val_loss" in r] or \
           [tuple(p) for p in sft.get("val_curve", [])]
@@ -96,7 +109,7 @@ def panels(run_dir: Path) -> list[Panel]:
                          [Series("train", [p[0] for p in train], [_num(p[1]) for p in train]),
                           Series("validation", [p[0] for p in val], [_num(p[1]) for p in val])],
                          vlines=[(float(c), "lr cut") for c in cuts]))
-    crit = [r for r in rows if r.get("stage") == "critic"]
+    crit = last_attempt([r for r in rows if r.get("stage") == "critic"], "step")
     ev = [(r["step"] + 1, r.get("critic/explained_variance")) for r in crit] or \
          [(i + 1, v) for i, v in enumerate((read_json(run_dir / "critic.done.json") or {}).get("explained_variance", []))]
     if ev:

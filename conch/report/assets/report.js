@@ -4,7 +4,7 @@ const D = JSON.parse(document.getElementById("report-data").textContent);
 const $ = (sel) => document.querySelector(sel);
 const esc = (s) => String(s ?? "").replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
 const fmt = (v, d = 3) => (v === null || v === undefined ? "–" : typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toFixed(d)) : esc(v));
-const secs = (s) => (s >= 120 ? (s / 60).toFixed(1) + " min" : s.toFixed(1) + " s");
+const secs = (s) => (s >= 120 ? (s / 60).toFixed(1) + " min" : s >= 1 ? s.toFixed(1) + " s" : (1000 * s).toFixed(1) + " ms");
 
 function renderSummary() {
   const run = D.run || {};

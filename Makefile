@@ -28,6 +28,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,cluster]'
+	# ATIF export/import uses only harbor's pydantic trajectory models; harbor itself wants Python >= 3.12 and a
+	# server stack conch does not use, so its wheel goes in without its dependencies (conch/report/atif.py).
+	$(BIN)/pip install -q --no-deps --ignore-requires-python harbor==0.25.0
 	rm -f $(VENV)/.installed-* && touch $@
 
 # The local sandbox base root (Debian trixie from Debian packages) and the offline verifier toolchain.

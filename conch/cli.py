@@ -25,6 +25,8 @@ COMMANDS = (
     "check",
     "rollout",
     "eval",
+    "report",
+    "export",
     "synth",
     "decontam",
     "model",

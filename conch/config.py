@@ -183,6 +183,12 @@ class RunConfig:
     jobs: int = opt(2, "sandboxes at once for corpus validation", ge=1)
     tensorboard: bool = opt(False, "also log to TensorBoard (needs the tensorboard package)")
     wandb: bool = opt(False, "also log to Weights & Biases (needs wandb)")
+    wandb_project: str = opt("conch", "W&B project the run is logged to")
+    wandb_mode: str = opt("online", "W&B mode: online, offline (sync later with `wandb sync`) or disabled",
+                          choices=("online", "offline", "disabled"))
+    name: str = opt("", "run name in W&B ('': the run folder's name)")
+    keep_rollouts: int = opt(4, "PPO rollouts kept per iteration in RUNDIR/trajectories (-1: all; 0: none); "
+                                "every evaluation's trajectories are always kept", ge=-1)
     time_budget_minutes: float = opt(16.0, "stop PPO early once the run has taken this many minutes, then evaluate "
                                            "and summarise (0: no limit)", ge=0.0)
 

@@ -90,11 +90,16 @@ def test_missing_backends_warn_not_crash(tmp_path, monkeypatch):
 
 
 def test_wandb_receives_metrics(tmp_path, monkeypatch):
+    """Each stage has its own W&B x axis (define_metric), so SFT steps logged before PPO never hold back PPO's
+    iterations; nothing passes `step=` (which W&B requires to increase across all logs)."""
     calls = {}
 
     class Run:
-        def log(self, data, step):
+        def log(self, data, step=None):
             calls.setdefault("log", []).append((step, data))
+
+        def define_metric(self, name, step_metric=None):
+            calls.setdefault("define", {})[name] = step_metric
 
         def finish(self):
             calls["finished"] = True
@@ -102,8 +107,26 @@ def test_wandb_receives_metrics(tmp_path, monkeypatch):
     fake = types.ModuleType("wandb")
     fake.init = lambda **kw: calls.setdefault("init", kw) and Run()
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    with MetricsLogger(tmp_path, stream=io.StringIO(), wandb=True, config={"lr": 1e-6}) as log:
+    with MetricsLogger(tmp_path, stream=io.StringIO(), wandb=True, config={"lr": 1e-6}, wandb_project="p",
+                       wandb_run_name="r", wandb_mode="offline") as log:
+        log.log_event("sft", 3, {"sft/loss": 2.5})
         log.log(4, {"reward/mean": 2.0, "eval/pass_at_1": 0.25})
-    assert calls["init"]["config"] == {"lr": 1e-6} and calls["init"]["project"] == "conch"
-    assert calls["log"] == [(4, {"reward/mean": 2.0, "eval/pass_at_1": 0.25})]
+    assert calls["init"]["config"] == {"lr": 1e-6} and calls["init"]["project"] == "p"
+    assert calls["init"]["name"] == "r" and calls["init"]["mode"] == "offline"
+    assert calls["define"]["sft/*"] == "sft/step" and calls["define"]["reward/*"] == "iteration"
+    assert calls["log"] == [(None, {"sft/loss": 2.5, "sft/step": 3}),
+                            (None, {"iteration": 4, "reward/mean": 2.0, "eval/pass_at_1": 0.25})]
     assert calls["finished"]
+
+
+def test_stage_events_share_the_file_but_not_the_ppo_rows(tmp_path):
+    with MetricsLogger(tmp_path, stream=io.StringIO()) as log:
+        log.log_event("sft", 1, {"sft/loss": 3.0, "sft/lr": 1e-4})
+        log.log_event("eval", 0, {"eval/warm/pass_rate": 0.5, "eval/warm/family/make-dirs/pass_rate": 1.0})
+        log.log(0, {"reward/mean": 1.0})
+        with pytest.raises(ValueError):
+            log.log_event("sft", 2, {"loss": 1.0})
+    assert [r["iteration"] for r in read_metrics(tmp_path)] == [0]
+    rows = read_metrics(tmp_path, stages=True)
+    assert [r.get("stage") for r in rows] == ["sft", "eval", None]
+    assert rows[0] == {"stage": "sft", "step": 1, "time": rows[0]["time"], "sft/loss": 3.0, "sft/lr": 1e-4}

@@ -98,6 +98,7 @@ async def run_one(
             result.reward,
             result.error,
         )
+        traj.tests = [{"name": t.name, "status": t.status} for t in result.tests]
     except asyncio.CancelledError:
         raise
     except Exception as exc:

@@ -89,6 +89,7 @@ class Trajectory:
     progress: list[tuple[int, int]] = field(default_factory=list)
     # Tests of this task that pass with no action (reward mode `count_over_nop`; conch.tasks.nop).
     nop_passed: int | None = None
+    tests: list[dict[str, str]] = field(default_factory=list)  # the verifier's per-test {"name", "status"}
 
     @property
     def num_sampled(self) -> int:

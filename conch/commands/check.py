@@ -124,14 +124,20 @@ def run(args: argparse.Namespace) -> int:
     if not tasks:
         raise UsageError(f"no tasks found (no task.toml or task.yaml) below {', '.join(args.paths)}")
 
-    done = 0
+    import time
+
+    from conch.progress import fmt_seconds
+
+    done, t0 = 0, time.monotonic()
 
     def progress(result) -> None:
         nonlocal done
         done += 1
         status = f"{result.n_passed}/{result.n_total}"
         tail = f"  ERROR: {result.error}" if result.error else ""
-        print(f"[{done}/{len(tasks)}] {result.task}  {status}  {result.seconds:.1f}s{tail}", file=sys.stderr, flush=True)
+        eta = (time.monotonic() - t0) / done * (len(tasks) - done)
+        print(f"[{done}/{len(tasks)}] {result.task}  {status}  {result.seconds:.1f}s  ETA {fmt_seconds(eta)}{tail}",
+              file=sys.stderr, flush=True)
 
     results = asyncio.run(run_tasks(tasks, agent=args.agent, backend=args.sandbox, jobs=args.jobs, on_result=progress,
                                     network=args.network))

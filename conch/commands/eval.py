@@ -35,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="engine dtype (default: model.sampler_dtype)")
     p.add_argument("--seed", type=int, default=EVAL_SEED, help=f"sampling seed (default {EVAL_SEED}, as in training)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--out", help="also write every trajectory to this JSONL file (readable by `conch report`)")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     p.set_defaults(func=run)
 
@@ -86,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
 
     from conch.cli import UsageError
     from conch.preflight import check_task_dir
+    from conch.progress import Progress
+    from conch.report.hooks import outcome_info
     from conch.rl.stages import evaluate
     from conch.rl.user_corpus import load_user_tasks
 
@@ -109,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
         engine = HFEngine(model, dtype=cfg.model.sampler_dtype, max_batch=cfg.ppo.concurrency)
         try:
             codec = ChatCodec(engine.tokenizer, tools=[BASH_TOOL])
-            return await evaluate(engine, codec, tasks, cfg, seed=args.seed)
+            bar = Progress(len(tasks) * cfg.eval.n_per_task, "eval")
+            return await evaluate(engine, codec, tasks, cfg, seed=args.seed, out=Path(args.out) if args.out else None,
+                                  on_done=lambda t: bar.update(info=outcome_info(t)))
         finally:
             await engine.aclose()
 

@@ -51,6 +51,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--n-per-task must be at least 1")
 
     from conch.agent.rollout import progress_printer, run_rollouts, summarize
+    from conch.progress import Progress
+    from conch.report.hooks import outcome_info
+
+    def rollout_bar(total: int):  # a bar with ETA (plain lines every 10 s off a terminal)
+        bar = Progress(total, "rollout")
+        return lambda traj: bar.update(info=outcome_info(traj))
     from conch.agent.tito import ChatCodec
     from conch.config import load_config
     from conch.engine.hf import HFEngine
@@ -79,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"rollout: {total} trajectories, concurrency {args.concurrency}, model {model_dir}", file=sys.stderr)
             trajs, stats = await run_rollouts(
                 engine, codec, tasks, args.n_per_task, cfg, args.concurrency, args.sandbox, args.seed, out,
-                on_done=progress_printer(total),
+                on_done=progress_printer(total) if total <= 16 else rollout_bar(total),
             )
         finally:
             await engine.aclose()

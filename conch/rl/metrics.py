@@ -6,6 +6,11 @@ iteration so a crashed run keeps everything it logged:
   {"iteration": 7, "time": 1712345678.9, "reward/mean": 2.5, "train/policy_loss": -0.01, ...}
 Keys are "namespace/name" with the namespace one of NAMESPACES; non-finite floats are written as null (strict
 JSON). TensorBoard and W&B are optional mirrors: asked for but not installed gives a warning, never a crash.
+
+The stages before PPO (SFT steps and validation, critic warm-up, every evaluation) are logged with
+`log_event(stage, step, metrics)` into the same file, as records with a "stage" key:
+  {"stage": "sft", "step": 40, "time": ..., "sft/loss": 1.9, "sft/lr": 1e-4}
+`read_metrics` returns the PPO iterations only unless asked for the stage records.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import warnings
 from pathlib import Path
 from typing import IO, Any, Mapping, Sequence
 
-NAMESPACES = ("rollout", "reward", "train", "mismatch", "sandbox", "stop", "eval", "time", "sync")
+NAMESPACES = ("rollout", "reward", "train", "mismatch", "sandbox", "stop", "eval", "time", "sync", "sft",
+              "critic")
 
 # (metric key, column label) shown in the live table.
 DEFAULT_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -151,7 +157,16 @@ class MetricsLogger:
         if mode is not None:
             kwargs["mode"] = mode
         run = wandb.init(**kwargs)
-        return run if run is not None else wandb
+        run = run if run is not None else wandb
+        # Each stage has its own x axis, so SFT steps logged before PPO never hold back PPO's iterations.
+        run.define_metric("iteration")
+        for ns in NAMESPACES:
+            if ns in ("sft", "critic"):
+                run.define_metric(f"{ns}/step")
+                run.define_metric(f"{ns}/*", step_metric=f"{ns}/step")
+            else:
+                run.define_metric(f"{ns}/*", step_metric="iteration")
+        return run
 
     def log(self, iteration: int, metrics: Mapping[str, Any]) -> dict[str, Scalar]:
         """Validate keys, write one JSONL line (flushed), print the table row, mirror to TB / W&B.
@@ -174,7 +189,30 @@ class MetricsLogger:
                 self._tb.add_scalar(k, v, iteration)
             self._tb.flush()
         if self._wandb is not None:
-            self._wandb.log({k: v for k, v in record.items() if k not in ("iteration", "time")}, step=iteration)
+            self._wandb.log({k: v for k, v in record.items() if k != "time"})
+        return record
+
+    def log_event(self, stage: str, step: int, metrics: Mapping[str, Any]) -> dict[str, Scalar]:
+        """One record of a stage outside the PPO loop (`stage` "sft", "critic" or "eval"; `step` its own
+        counter): JSONL and the TensorBoard / W&B mirrors, no table row. Eval keys may carry the evaluation's
+        name and family ("eval/warm/pass_rate", "eval/warm/family/make-dirs/pass_rate")."""
+        if self._fh is None:
+            raise RuntimeError(f"metrics logger for {self.path} is closed")
+        record: dict[str, Scalar] = {"stage": stage, "step": int(step), "time": time.time()}
+        for key, value in metrics.items():
+            check_key(key)
+            record[key] = to_scalar(key, value)
+        self._fh.write(json.dumps({k: _json_safe(v) for k, v in record.items()}, allow_nan=False) + "\n")
+        self._fh.flush()
+        numeric = {k: float(v) for k, v in record.items()
+                   if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self._tb is not None:
+            for k, v in numeric.items():
+                self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            axis = "iteration" if stage == "eval" else f"{stage}/step"
+            self._wandb.log({**numeric, axis: int(step)})
         return record
 
     def keep_before(self, iteration: int) -> int:
@@ -184,21 +222,20 @@ class MetricsLogger:
         if self._fh is None:
             raise RuntimeError(f"metrics logger for {self.path} is closed")
         self._fh.close()
-        kept: dict[int, dict] = {}  # iteration -> its last row (a duplicate's later row is the redone one)
-        lines = self.path.read_text().splitlines()
-        for line in lines:
+        rows = []
+        for line in self.path.read_text().splitlines():
             try:
-                row = json.loads(line)
-                it = int(row["iteration"])
-            except (ValueError, KeyError, TypeError):
+                rows.append(json.loads(line))
+            except ValueError:
                 continue
-            if it < iteration:
-                kept[it] = row
-        dropped = len(lines) - len(kept)
+        last = {int(r["iteration"]): i for i, r in enumerate(rows) if "iteration" in r}  # a redone row wins
+        out = [r for i, r in enumerate(rows)
+               if "iteration" not in r or (int(r["iteration"]) < iteration and last[int(r["iteration"])] == i)]
+        dropped = len(self.path.read_text().splitlines()) - len(out)
         if dropped:
             from conch.rl.checkpoint import atomic_write_text
 
-            atomic_write_text(self.path, "".join(json.dumps(kept[i], allow_nan=False) + "\n" for i in sorted(kept)))
+            atomic_write_text(self.path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in out))
         self._fh = open(self.path, "a")
         return dropped
 
@@ -231,15 +268,18 @@ def _drop_torn_tail(path: Path) -> None:
         pass
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every record of RUN_DIR/metrics.jsonl (a torn last line from a crash is skipped)."""
+def read_metrics(run_dir: str | Path, stages: bool = False) -> list[dict[str, Any]]:
+    """The PPO records of RUN_DIR/metrics.jsonl (a torn last line from a crash is skipped); with `stages`, the
+    stage records (`log_event`) too, in file order."""
     path = Path(run_dir) / "metrics.jsonl"
     out = []
     if not path.exists():
         return out
     for line in path.read_text().splitlines():
         try:
-            out.append(json.loads(line))
+            row = json.loads(line)
         except ValueError:
             continue
+        if stages or "stage" not in row:
+            out.append(row)
     return out

@@ -111,8 +111,10 @@ def train_sft(
     min_delta: float = 1e-3,
     seed: int = 0,
     log: Any = None,
+    on_step: Any = None,
 ) -> SFTReport:
-    """Train `model` in place; keeps the weights of the best validation loss."""
+    """Train `model` in place; keeps the weights of the best validation loss. `on_step(step, metrics)` gets
+    `sft/loss` and `sft/lr` every step, plus `sft/val_loss` at validation steps."""
     import copy
 
     import torch
@@ -150,15 +152,23 @@ def train_sft(
         opt.step()
         report.steps = step
         report.train_loss.append((step, loss_value))
-        if val and (step % eval_every == 0 or step == steps):
+        step_metrics = {"sft/loss": loss_value, "sft/lr": opt.param_groups[0]["lr"]}
+        validate = bool(val) and (step % eval_every == 0 or step == steps)
+        if on_step is not None and not validate:
+            on_step(step, step_metrics)
+        if validate:
             v = val_loss()
             report.val_loss.append((step, v))
+            step_metrics["sft/val_loss"] = v
             if log is not None:
                 log(step, loss_value, v)
             else:
                 print(f"sft step {step}/{steps}  lr {lr * plateau.scale:.2e}  train {loss_value:.3f}  val {v:.3f}",
                       file=sys.stderr, flush=True)
             action = plateau.observe(v)
+            step_metrics["sft/lr_cut"] = action == "cut"
+            if on_step is not None:
+                on_step(step, step_metrics)
             if action == "best":
                 best_state = copy.deepcopy(model.state_dict())
             elif action == "cut":

@@ -220,7 +220,7 @@ def eval_result(trajs: Sequence[Any]) -> EvalResult:
 
 
 async def evaluate(engine: Any, codec: Any, tasks: Sequence[Any], cfg: Config, seed: int, n_per_task: int | None = None,
-                   out: Path | None = None) -> EvalResult:
+                   out: Path | None = None, on_done: Any = None) -> EvalResult:
     from dataclasses import replace
 
     from conch.agent.rollout import run_rollouts
@@ -229,7 +229,8 @@ async def evaluate(engine: Any, codec: Any, tasks: Sequence[Any], cfg: Config, s
     agent = replace(agent, temperature=cfg.eval.temperature, top_p=1.0 if cfg.eval.temperature == 0 else agent.top_p)
     trajs, _ = await run_rollouts(engine, codec, tasks, n_per_task or cfg.eval.n_per_task, agent,
                                   concurrency=cfg.ppo.concurrency, backend=cfg.run.sandbox, seed=seed, out=out,
-                                  network=cfg.sandbox.network)
+                                  network=cfg.sandbox.network,
+                                  on_done=on_done)
     return eval_result(trajs)
 
 

@@ -90,6 +90,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     from conch.moe.routing import moe_layer_count
     from conch.rl.checkpoint import latest_complete, publish_model
     from conch.rl.learner import Learner
+    from conch.report.hooks import RunRecorder
     from conch.rl.metrics import MetricsLogger
     from conch.tasks.synth.trajectories import BASH_TOOL
 
@@ -108,20 +109,23 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     codec = ChatCodec(tok, tools=[BASH_TOOL])
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else codec.end_id
     engine = make_eval_engine(cfg, policy, tok)
-    evals = Evals(cfg, run_dir, engine, codec)
+    metrics = MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb, config=cfg.to_dict(),
+                            wandb_project=cfg.run.wandb_project, wandb_run_name=cfg.run.name or run_dir.name,
+                            wandb_mode=cfg.run.wandb_mode)
+    recorder = RunRecorder(run_dir, metrics, cfg.run.keep_rollouts, seed=cfg.run.seed, sft_steps=cfg.sft.steps)
+    evals = Evals(cfg, run_dir, engine, codec, recorder)
     source = None
     try:
         evals["init"] = await evals.run("init", eval_tasks, seed=11)                # the untrained model
         evals["heldout_init"] = await evals.run("heldout_init", heldout_tasks, seed=12)
 
-        policy = sft_stage(cfg, run_dir, policy, tok, codec, corpus, pad_id)         # warm start 1: SFT
+        policy = sft_stage(cfg, run_dir, policy, tok, codec, corpus, pad_id, recorder)  # warm start 1: SFT
         learner = Learner(cfg, policy, tok, pad_id)
         evals.weights = learner.weights
         evals["warm"] = await evals.run("warm", eval_tasks, seed=11)
         evals["heldout_warm"] = await evals.run("heldout_warm", heldout_tasks, seed=12)
 
         source = make_rollout_source(cfg, engine, codec, model_dir)
-        metrics = MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb, config=cfg.to_dict())
         latest = latest_complete(run_dir)
         start_it = 0
         if latest is not None:
@@ -130,20 +134,21 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
         elif marker(run_dir, "critic"):
             learner.load_critic(run_dir / "critic.pt")
         else:                                                                        # warm start 2: critic
-            curve = await critic_warmup(cfg, learner, source, pool)
+            curve = await critic_warmup(cfg, learner, source, pool, recorder)
             learner.save_critic(run_dir / "critic.pt")
             mark_done(run_dir, "critic", {"explained_variance": curve})
 
         if dropped := metrics.keep_before(start_it):  # rows logged after the last checkpoint are redone
             log(f"metrics.jsonl: dropped {dropped} row(s) from iteration {start_it} on, logged after the last checkpoint")
-        stopped_early = await ppo(cfg, run_dir, learner, source, pool, evals, eval_tasks, metrics, start_it, t_start)
-        metrics.close()
+        stopped_early = await ppo(cfg, run_dir, learner, source, pool, evals, eval_tasks, metrics, start_it, t_start,
+                                  recorder)
         publish_model(learner.policy, tok, run_dir / "final")  # the trained policy, for `conch eval --model`
 
         evals["final"] = await evals.run("final", eval_tasks, seed=11)               # final evaluation
         evals["heldout_final"] = await evals.run("heldout_final", heldout_tasks, seed=12)
         final_mismatch = last_mismatch(run_dir)
     finally:
+        metrics.close()
         if source is not None and getattr(source, "engine", None) is not engine:
             await source.aclose()  # Ray workers; the local source shares `engine`, closed below
         await engine.aclose()
@@ -183,9 +188,9 @@ class Evals(dict):
 
     The engine is synced from `weights()` before an evaluation whenever the policy may have changed."""
 
-    def __init__(self, cfg: Config, run_dir: Path, engine: Any, codec: Any) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, engine: Any, codec: Any, recorder: Any) -> None:
         super().__init__()
-        self.cfg, self.run_dir, self.engine, self.codec = cfg, run_dir, engine, codec
+        self.cfg, self.run_dir, self.engine, self.codec, self.recorder = cfg, run_dir, engine, codec, recorder
         self.weights: Any = None  # callable returning the policy's current weights, once a learner exists
         (run_dir / "evals").mkdir(exist_ok=True)
 
@@ -201,7 +206,9 @@ class Evals(dict):
         if self.weights is not None:
             self.engine.load_weights(self.weights())
         log(f"evaluating {name} on {len(tasks)} tasks x {self.cfg.eval.n_per_task}")
-        res = await evaluate(self.engine, self.codec, tasks, self.cfg, seed=seed)
+        with self.recorder.evaluation(name, len(tasks) * self.cfg.eval.n_per_task) as keep:  # RUNDIR/trajectories
+            res = await evaluate(self.engine, self.codec, tasks, self.cfg, seed=seed, on_done=keep)
+        self.recorder.evaluated(name, res, self.cfg.ppo.iterations)
         from conch.rl.checkpoint import atomic_write_text
 
         atomic_write_text(cache, json.dumps(res.to_json()))
@@ -209,7 +216,8 @@ class Evals(dict):
         return res
 
 
-def sft_stage(cfg: Config, run_dir: Path, policy: Any, tok: Any, codec: Any, corpus: Corpus, pad_id: int) -> Any:
+def sft_stage(cfg: Config, run_dir: Path, policy: Any, tok: Any, codec: Any, corpus: Corpus, pad_id: int,
+              recorder: Any) -> Any:
     """Warm start 1: SFT on the expert trajectories, once (a resumed run loads the published warm policy)."""
     from conch.model.loading import load_policy
     from conch.rl.checkpoint import publish_model
@@ -217,7 +225,7 @@ def sft_stage(cfg: Config, run_dir: Path, policy: Any, tok: Any, codec: Any, cor
     warm_dir = run_dir / "warm"
     if marker(run_dir, "sft"):
         return load_policy(warm_dir, dtype=cfg.model.trainer_dtype, with_tokenizer=False).model
-    report = warm_start_sft(cfg, policy, codec, corpus.trajectories, pad_id)
+    report = warm_start_sft(cfg, policy, codec, corpus.trajectories, pad_id, on_step=recorder.sft_step)
     publish_model(policy, tok, warm_dir)
     mark_done(run_dir, "sft", report)
     return policy
@@ -228,7 +236,7 @@ def sample_tasks(cfg: Config, pool: list, it: int) -> list:
     return rng.sample(pool, min(cfg.ppo.tasks_per_iter, len(pool)))
 
 
-async def critic_warmup(cfg: Config, learner: Any, source: Any, pool: list) -> list[float]:
+async def critic_warmup(cfg: Config, learner: Any, source: Any, pool: list, recorder: Any) -> list[float]:
     """Warm start 2: the same iteration as PPO with the actor frozen, until explained variance stops improving."""
     from conch.rl.plateau import Plateau
 
@@ -238,18 +246,21 @@ async def critic_warmup(cfg: Config, learner: Any, source: Any, pool: list) -> l
     curve: list[float] = []
     for i in range(cfg.critic.iterations):
         tasks = rng.sample(pool, min(cfg.ppo.tasks_per_iter, len(pool)))
-        rollout = await source.rollouts(tasks, cfg.ppo.n_per_task, seed=10_000 + i)
-        m = await iteration(cfg, learner, rollout, tasks, update_policy=False, seed=i)
+        rollout = await source.rollouts(tasks, cfg.ppo.n_per_task, seed=10_000 + i,
+                                        on_done=recorder.rollout_progress(len(tasks) * cfg.ppo.n_per_task,
+                                                                          f"critic warm-up {i + 1}"))
+        m, _ = await iteration(cfg, learner, rollout, tasks, update_policy=False, seed=i)
         ev = m.get("train/explained_variance", float("nan"))
         curve.append(ev)
+        recorder.critic_iteration(i, m)
         log(f"critic warm-up {i + 1}/{cfg.critic.iterations}: explained variance {ev:.3f}")
         if plateau.observe(-ev) == "stop":
             break
     return curve
 
 
-async def ppo(cfg: Config, run_dir: Path, learner: Any, source: Any, pool: list, evals: Evals, eval_tasks: list,
-              metrics: Any, start_it: int, t_start: float) -> bool:
+async def ppo(cfg: Config, run_dir: Path, learner: Any, source: Any, pool: list, evals: Evals | None,
+              eval_tasks: list, metrics: Any, start_it: int, t_start: float, recorder: Any = None) -> bool:
     """PPO iterations: rollout -> verify -> reward -> advantages -> update -> sync -> eval -> checkpoint.
 
     With `ppo.off_policy_steps = 1` the rollout of iteration k+1 runs (on weights one update old) while the
@@ -262,7 +273,9 @@ async def ppo(cfg: Config, run_dir: Path, learner: Any, source: Any, pool: list,
     def start(it: int) -> asyncio.Task:
         sync = source.load_weights(learner.weights())                                      # sync
         metrics_sync.update({"time/sync_s": sync["seconds"], "sync/bytes": sync["bytes"]})
-        return asyncio.ensure_future(source.rollouts(sample_tasks(cfg, pool, it), cfg.ppo.n_per_task, seed=it))
+        tasks = sample_tasks(cfg, pool, it)
+        progress = recorder.rollout_progress(len(tasks) * cfg.ppo.n_per_task, f"PPO iteration {it}") if recorder else None
+        return asyncio.ensure_future(source.rollouts(tasks, cfg.ppo.n_per_task, seed=it, on_done=progress))
 
     metrics_sync: dict[str, float] = {}
     for it in range(start_it, cfg.ppo.iterations):
@@ -274,8 +287,10 @@ async def ppo(cfg: Config, run_dir: Path, learner: Any, source: Any, pool: list,
         pending = None
         if overlap and it + 1 < cfg.ppo.iterations:
             pending, pending_version = start(it + 1), version                              # k+1 overlaps update k
-        m = await iteration(cfg, learner, rollout, sample_tasks(cfg, pool, it), update_policy=True, seed=it)
+        m, scored = await iteration(cfg, learner, rollout, sample_tasks(cfg, pool, it), update_policy=True, seed=it)
         version += 1
+        if recorder is not None:                                                           # RUNDIR/trajectories
+            m["time/trajectory_write_s"] = recorder.ppo_iteration(it, scored.prepared, scored.excluded)
         m.update(metrics_sync)
         m["mismatch/staleness"] = staleness
         m["time/iteration_s"] = time.monotonic() - t_it
@@ -299,7 +314,7 @@ async def ppo(cfg: Config, run_dir: Path, learner: Any, source: Any, pool: list,
 
 
 async def iteration(cfg: Config, learner: Any, rollout: tuple, tasks: list, update_policy: bool,
-                    seed: int) -> dict[str, float]:
+                    seed: int) -> tuple[dict[str, float], Any]:
     """One learner step on a finished rollout: score (errors excluded; rewards, GAE), then update. The update
     runs in a thread so a rollout already in flight (off-policy overlap) keeps sampling meanwhile."""
     from conch.rl.rewards import reward_metrics
@@ -317,10 +332,11 @@ async def iteration(cfg: Config, learner: Any, rollout: tuple, tasks: list, upda
     m["time/update_s"] = update_s
     epochs = cfg.ppo.epochs if update_policy else cfg.critic.epochs
     m["train/tokens_per_s"] = sum(len(p.traj.tokens) for p in scored.prepared) * max(1, epochs) / max(update_s, 1e-9)
-    return m
+    return m, scored
 
 
-def warm_start_sft(cfg: Config, policy: Any, codec: Any, trajectories: Path | None, pad_id: int) -> dict:
+def warm_start_sft(cfg: Config, policy: Any, codec: Any, trajectories: Path | None, pad_id: int,
+                   on_step: Any = None) -> dict:
     from conch.rl.sft import build_example, train_sft
 
     if trajectories is None or not trajectories.exists():
@@ -335,11 +351,12 @@ def warm_start_sft(cfg: Config, policy: Any, codec: Any, trajectories: Path | No
     examples = [build_example(codec, c["messages"], cfg.agent.max_context) for c in chats]
     log(f"SFT warm start on {len(examples)} of {available} expert trajectories (budget {cfg.sft.steps} steps)")
     rep = train_sft(policy, examples, pad_id, cfg.sft.steps, cfg.sft.lr, cfg.sft.batch_size, cfg.sft.val_fraction,
-                    cfg.sft.eval_every, cfg.sft.patience, max_cuts=cfg.sft.lr_cuts, seed=cfg.run.seed)
+                    cfg.sft.eval_every, cfg.sft.patience, max_cuts=cfg.sft.lr_cuts, seed=cfg.run.seed,
+                    on_step=on_step)
     log(f"SFT: {rep.steps} steps, best validation loss {rep.best_val:.3f}, stopped at {rep.stopped} "
         f"(learning rate cut at steps {rep.lr_cuts})")
     return {"steps": rep.steps, "best_val": rep.best_val, "stopped": rep.stopped, "seconds": rep.seconds,
-            "lr_cuts": rep.lr_cuts,
+            "lr_cuts": rep.lr_cuts, "train_curve": rep.train_loss,
             "val_curve": rep.val_loss, "examples": rep.examples, "val_examples": rep.val_examples}
 
 

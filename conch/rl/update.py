@@ -18,6 +18,7 @@ from conch.rl.batch import collate, policy_forward
 from conch.rl.critic import value_forward
 from conch.rl.losses import LossConfig, LossStats, ppo_loss, value_loss
 from conch.rl.mismatch import mismatch_metrics
+from conch.report.store import routing_disagreements
 from conch.rl.rewards import last_sampled_index, token_rewards
 
 
@@ -30,6 +31,7 @@ class Prepared:
     values: torch.Tensor
     adv: torch.Tensor
     ret: torch.Tensor
+    route_diff: torch.Tensor | None = None  # [N, 2] (token, layer) where trainer and sampler routed differently
 
 
 def _chunks(xs: Sequence, n: int) -> list[Sequence]:
@@ -75,7 +77,10 @@ def prepare(
         adv, ret = gae(rewards, values, batch.mask, gamma=gamma, lam=lam)
         for b, t in enumerate(chunk):
             n = len(t.tokens)
-            prepared.append(Prepared(t, lp[b, :n].clone(), values[b, :n].clone(), adv[b, :n].clone(), ret[b, :n].clone()))
+            diff = (routing_disagreements(own[b, :n], batch.experts[b, :n], batch.mask[b, :n])
+                    if own is not None and batch.experts is not None else None)
+            prepared.append(Prepared(t, lp[b, :n].clone(), values[b, :n].clone(), adv[b, :n].clone(), ret[b, :n].clone(),
+                                     diff))
     if whiten_adv and prepared:
         masks = torch.cat([torch.tensor(p.traj.mask, dtype=torch.bool) for p in prepared])
         allv = torch.cat([p.adv for p in prepared])[masks]

@@ -142,8 +142,12 @@ async def _validate(paths: list[Path], backend: str, jobs: int, log: Callable[[s
     from conch.harness import run_task
     from conch.tasks.loader import load_task
 
+    import time
+
+    from conch.progress import fmt_seconds
+
     gate = asyncio.Semaphore(max(1, jobs))
-    done = 0
+    done, t0 = 0, time.monotonic()
 
     async def one(path: Path):
         nonlocal done
@@ -155,7 +159,8 @@ async def _validate(paths: list[Path], backend: str, jobs: int, log: Callable[[s
         done += 1
         nop_s = f"nop {nop.n_passed}/{nop.n_total}" if nop else "nop skipped"
         log(f"  [{done}/{len(paths)}] {path.name}: oracle {oracle.n_passed}/{oracle.n_total}, {nop_s}, "
-            f"{oracle.seconds + (nop.seconds if nop else 0):.1f}s -> {'kept' if reason is None else 'DROP ' + reason}")
+            f"{oracle.seconds + (nop.seconds if nop else 0):.1f}s -> {'kept' if reason is None else 'DROP ' + reason}"
+            f"  ETA {fmt_seconds((time.monotonic() - t0) / done * (len(paths) - done))}")
         return reason, oracle, task
 
     return list(await asyncio.gather(*(one(p) for p in paths)))

@@ -175,9 +175,14 @@ def test_sft_data_reads_atif_trajectories_and_folders(tmp_path):
     assert atif["messages"][2]["tool_calls"][0]["function"] == {"name": "bash",
                                                                 "arguments": {"command": "mkdir -p /app/out"}}
     bad = dict(ATIF, steps=[ATIF["steps"][0], {"step_id": 2, "source": "agent", "message": "",
-                                               "tool_calls": [{"function_name": "web", "arguments": {"q": 1}}]}])
+                                               "tool_calls": [{"tool_call_id": "w", "function_name": "web",
+                                                               "arguments": {"q": 1}}]}])
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(DemoFormatError, match="bad.json: step 1: tool call 'web' is not a shell command"):
+        read_sft_data(tmp_path)
+    del bad["steps"][1]["tool_calls"][0]["tool_call_id"]  # harbor's schema requires it
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(DemoFormatError, match="bad.json: not a valid ATIF trajectory: .*tool_call_id"):
         read_sft_data(tmp_path)
 
 

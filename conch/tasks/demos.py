@@ -153,36 +153,33 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
 
 
 def atif_to_chat(record: dict[str, Any], where: str) -> dict[str, Any]:
-    """An ATIF trajectory (Harbor's Agent Trajectory Interchange Format: `steps` of source system/user/agent,
-    agent steps with `tool_calls` and an `observation`) as an OpenAI-style chat. Tool calls must be shell
-    commands: `arguments.command`, or `arguments.keystrokes` (Terminus) without its trailing newline. ATIF
-    results carry no exit code, so those observations lack the `[exit code: N]` line rollouts show."""
-    messages: list[dict[str, Any]] = []
-    for i, step in enumerate(record.get("steps") or []):
-        if not isinstance(step, dict):
-            raise DemoFormatError(f"{where}: step {i} is not an object")
-        source, text = step.get("source"), step.get("message") or ""
-        if not isinstance(text, str):
-            text = json.dumps(text)
-        if source in ("system", "user"):
-            messages.append({"role": source, "content": text})
-            continue
-        if source != "agent":
-            raise DemoFormatError(f"{where}: step {i}: source must be system, user or agent, got {source!r}")
+    """An ATIF trajectory (Harbor's Agent Trajectory Interchange Format, read and validated by
+    `conch.report.atif.atif_to_messages`) as an OpenAI-style chat for conch's one bash tool: each tool call must
+    be a shell command, `arguments.command` or `arguments.keystrokes` (Terminus) without its trailing newline.
+    ATIF results carry no exit code, so those observations lack the `[exit code: N]` line rollouts show."""
+    from conch.report.atif import atif_to_messages
+
+    try:
+        messages = atif_to_messages(record)
+    except RuntimeError as exc:  # harbor's models are not installed
+        raise DemoFormatError(f"{where}: {exc}") from None
+    except ValueError as exc:  # pydantic's ValidationError
+        first = str(exc).strip().splitlines()
+        raise DemoFormatError(f"{where}: not a valid ATIF trajectory: {' '.join(first[:3])[:200]}") from None
+    step = 0
+    for m in messages:
+        step += m["role"] != "tool"
         calls = []
-        for c in step.get("tool_calls") or []:
-            args = c.get("arguments") if isinstance(c, dict) else None
-            command = (args or {}).get("command", (args or {}).get("keystrokes"))
+        for c in m.get("tool_calls") or []:
+            fn = c["function"]
+            args = fn.get("arguments") or {}
+            command = args.get("command", args.get("keystrokes")) if isinstance(args, dict) else None
             if not isinstance(command, str):
-                name = c.get("function_name") if isinstance(c, dict) else c
-                raise DemoFormatError(f"{where}: step {i}: tool call {name!r} is not a shell command (conch's "
-                                      f"agent has one bash tool)")
-            command = command.rstrip("\n")
-            calls.append({"type": "function", "function": {"name": "bash", "arguments": {"command": command}}})
-        messages.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})})
-        results = (step.get("observation") or {}).get("results") or []
-        for r in results:
-            messages.append({"role": "tool", "content": str(r.get("content") or "") if isinstance(r, dict) else str(r)})
+                raise DemoFormatError(f"{where}: step {step - 1}: tool call {fn.get('name')!r} is not a shell "
+                                      f"command (conch's agent has one bash tool)")
+            calls.append({"type": "function", "function": {"name": "bash", "arguments": {"command": command.rstrip("\n")}}})
+        if calls:
+            m["tool_calls"] = calls
     name = str(record.get("task_name") or record.get("session_id") or "")
     return {"task": name, "messages": messages}
 

@@ -17,6 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
+    from conch.engine.registry import add_engine_arguments
+
+    add_engine_arguments(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -40,10 +43,10 @@ def run(args: argparse.Namespace) -> int:
 
     async def main():
         from conch.agent.tito import ChatCodec
-        from conch.engine.hf import HFEngine
+        from conch.engine.registry import build_engine, options_from_args
         from conch.tasks.synth.trajectories import BASH_TOOL
 
-        engine = HFEngine(Path(args.model), dtype=args.dtype, max_batch=args.concurrency)
+        engine = build_engine(options_from_args(args), Path(args.model), max_batch=args.concurrency)
         try:
             codec = ChatCodec(engine.tokenizer, tools=[BASH_TOOL])
             return await evaluate(engine, codec, tasks, cfg, seed=args.seed)

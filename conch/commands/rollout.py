@@ -21,6 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="sampler dtype")
     p.add_argument("--seed", type=int, default=0)
+    from conch.engine.registry import add_engine_arguments
+
+    add_engine_arguments(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary to stdout")
     p.set_defaults(func=run)
 
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from conch.agent.loop import AgentConfig
     from conch.agent.rollout import progress_printer, run_rollouts, summarize
     from conch.agent.tito import ChatCodec
-    from conch.engine.hf import HFEngine
+    from conch.engine.registry import build_engine, options_from_args
     from conch.tasks.synth.trajectories import BASH_TOOL
     from conch.model.init import cached_model
 
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
 
     async def main() -> int:
-        engine = HFEngine(model_dir, dtype=args.dtype, max_batch=args.concurrency)
+        engine = build_engine(options_from_args(args), model_dir, max_batch=args.concurrency)
         try:
             codec = ChatCodec(engine.tokenizer, tools=[BASH_TOOL])
             total = len(tasks) * args.n_per_task

@@ -58,6 +58,13 @@ def check_config(cfg: Config) -> None:
         if not experts:
             raise ConfigError(f"ppo.routing_replay = true, but the model at {cfg.model.path} has no MoE layers "
                               f"(no num_experts in config.json); set ppo.routing_replay = false")
+    if cfg.engine.backend == "vllm" and not cfg.engine.url and not cfg.engine.launch:
+        raise ConfigError("engine.backend = vllm needs engine.url (a running server) or engine.launch = true")
+    if "cuda" in (cfg.engine.device, cfg.model.trainer_device):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("engine.device / model.trainer_device = cuda, but torch sees no CUDA device")
     if not cfg.corpus.train_tasks:
         from conch.tasks.synth import select_families
 
@@ -81,7 +88,8 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
 
     from conch.agent.rollout import progress_printer, run_rollouts
     from conch.agent.tito import ChatCodec
-    from conch.engine.hf import HFEngine
+    from conch.engine.registry import build_engine, options_from_config
+    from conch.engine.weight_sync import sync_for
     from conch.model.loading import load_policy
     from conch.moe.routing import moe_layer_count
     from conch.rl.checkpoint import latest_complete, load_checkpoint, publish_model, save_checkpoint
@@ -103,14 +111,21 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     if not pool:
         raise ConfigError(f"no loadable PPO tasks in {corpus.rl}")
     model_dir = init_or_load_model(cfg, run_dir, corpus)
-    loaded = load_policy(model_dir, dtype=cfg.model.trainer_dtype)
+    loaded = load_policy(model_dir, dtype=cfg.model.trainer_dtype, device=cfg.model.trainer_device)
     policy, tok = loaded.model, loaded.tokenizer
     replay = cfg.ppo.routing_replay
     if replay and moe_layer_count(policy) == 0:
         raise ConfigError(f"ppo.routing_replay = true, but {model_dir} has no MoE layers")
     codec = ChatCodec(tok, tools=[BASH_TOOL])
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else codec.end_id
-    engine = HFEngine(policy, dtype=cfg.model.sampler_dtype, tokenizer=tok, max_batch=cfg.ppo.concurrency)
+    engine = build_engine(options_from_config(cfg, run_dir), policy, tokenizer=tok, max_batch=cfg.ppo.concurrency,
+                          model_dir=model_dir)
+    sync = sync_for(engine)
+
+    def push_weights() -> dict:
+        info = sync.push(policy)
+        log(f"weight sync: {info['bytes'] / 1e6:.1f} MB in {info['seconds']:.2f} s")
+        return {"sync/seconds": info["seconds"], "sync/bytes": info["bytes"]}
     evals: dict[str, EvalResult] = {}
     (run_dir / "evals").mkdir(exist_ok=True)
 
@@ -135,12 +150,13 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
         # ---- warm start 1: SFT on expert trajectories --------------------------------------------------------
         warm_dir = run_dir / "warm"
         if marker(run_dir, "sft"):
-            policy = load_policy(warm_dir, dtype=cfg.model.trainer_dtype, with_tokenizer=False).model
+            policy = load_policy(warm_dir, dtype=cfg.model.trainer_dtype, device=cfg.model.trainer_device,
+                                 with_tokenizer=False).model
         else:
             sft_report = warm_start_sft(cfg, policy, codec, corpus.trajectories, pad_id)
             publish_model(policy, tok, warm_dir)
             mark_done(run_dir, "sft", sft_report)
-        engine.load_weights(policy.state_dict())
+        push_weights()
         evals["warm"] = await run_eval("warm", eval_tasks, seed=11)
         evals["heldout_warm"] = await run_eval("heldout_warm", heldout_tasks, seed=12)
 
@@ -176,7 +192,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
             info = load_checkpoint(latest, model=policy, optimizer={"policy": opt_pi, "critic": opt_v},
                                    aux_models={"critic": critic})
             start_it = info.iteration + 1
-            engine.load_weights(policy.state_dict())
+            push_weights()
             log(f"resumed from {latest} (iteration {info.iteration})")
         elif marker(run_dir, "critic"):
             critic.load_state_dict(torch.load(run_dir / "critic.pt", weights_only=True))
@@ -217,8 +233,8 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
                                cfg.ppo.epochs, cfg.ppo.micro_batch, cfg.ppo.grad_accum, cfg.ppo.max_grad_norm,
                                seed=it, ref_model=ref_model)
             update_s = time.monotonic() - t_upd
-            engine.load_weights(policy.state_dict())                                            # sync
-            m = {**reward_metrics(trajs, cfg.reward.mode), **mismatch, **stats}
+            synced = push_weights()                                                             # sync
+            m = {**reward_metrics(trajs, cfg.reward.mode), **mismatch, **stats, **synced}
             m.update(rollout_metrics(trajs, rstats))
             m["time/update_s"] = update_s
             m["time/iteration_s"] = time.monotonic() - t_it

@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import IO, Any, Mapping, Sequence
 
-NAMESPACES = ("rollout", "reward", "train", "mismatch", "sandbox", "stop", "eval", "time")
+NAMESPACES = ("rollout", "reward", "train", "mismatch", "sandbox", "stop", "eval", "time", "sync")
 
 # (metric key, column label) shown in the live table.
 DEFAULT_COLUMNS: tuple[tuple[str, str], ...] = (

@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml
 VLLM_VENV   ?= .venv-vllm
 VLLM_DEVICE ?= cpu
 VLLM_VERSION ?= 0.32.0
-VLLM_STAMP  := $(VLLM_VENV)/.installed-$(VLLM_DEVICE)-$(VLLM_VERSION)-$(shell cat conch/engine/vllm_plugin/pyproject.toml conch/engine/vllm_plugin/conch_vllm_cpu/*.py 2>/dev/null | sha1sum | cut -c1-12)
+VLLM_STAMP  := $(VLLM_VENV)/.installed-$(VLLM_DEVICE)-$(VLLM_VERSION)-$(shell cat conch/engine/vllm_plugin/pyproject.toml conch/engine/vllm_plugin/conch_vllm_cpu/*.py conch/engine/vllm_plugin/conch_vllm_cpu/*/*.py 2>/dev/null | sha1sum | cut -c1-12)
 
 install-vllm: $(VLLM_STAMP)
 

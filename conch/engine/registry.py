@@ -45,6 +45,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, device: bool = True) -
     parser.add_argument("--engine", default="hf", choices=tuple(BACKENDS), help="inference engine (default hf)")
     parser.add_argument("--engine-url", default="", help="vllm: attach to this running server instead of "
                                                          "launching one")
+    parser.add_argument("--engine-python", default="", help="vllm launch: python of the vLLM environment (default: "
+                                                            ".venv-vllm/bin/python when present)")
     parser.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
                         help="vllm launch: one extra `vllm serve` argument (repeatable, e.g. --engine-arg=--seed=1)")
     if device:
@@ -54,7 +56,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, device: bool = True) -
 def options_from_args(args: argparse.Namespace, dtype: str | None = None) -> EngineOptions:
     return EngineOptions(backend=args.engine, device=getattr(args, "device", "cpu") or "cpu",
                          dtype=dtype or getattr(args, "dtype", "float32"), url=args.engine_url,
-                         extra_args=tuple(args.engine_arg))
+                         python=args.engine_python, extra_args=tuple(args.engine_arg))
 
 
 def _hf(opts: EngineOptions, model: Any, tokenizer: Any, max_batch: int, capture_routing: bool) -> Any:

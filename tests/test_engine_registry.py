@@ -55,3 +55,12 @@ def test_parse_metrics_sums_labels():
             'vllm:prefix_cache_hits_total{engine="1",model_name="m"} 32.0\n'
             'vllm:num_requests_running{engine="0"} 3.0\n# HELP x\n')
     assert parse_metrics(text) == {"vllm:prefix_cache_hits_total": 96.0}
+
+
+def test_a_server_that_fails_to_start_shows_its_log(tmp_path):
+    from conch.engine.vllm_server import VLLMServer
+
+    log = tmp_path / "server.log"
+    with pytest.raises(RuntimeError, match="No module named conch_vllm_cpu") as err:
+        VLLMServer(tmp_path, python=sys.executable, log_path=str(log), startup_timeout=60)
+    assert "exited with code" in str(err.value) and str(log) in str(err.value)

@@ -131,6 +131,8 @@ class VLLMEngine:
         self._ids = itertools.count(1)
         self.stats = {"requests": 0, "tail_requests": 0, "tokens_sampled": 0, "routed_bytes": 0}
         self.last_sync: dict = {}
+        self.sync_dir: Path | None = None  # where weight syncs write safetensors (the server must read it)
+        self.owns_sync_dir = False
 
     @classmethod
     def create(cls, opts: Any, model_dir: Path, tokenizer: Any = None, max_batch: int = 64,
@@ -298,6 +300,10 @@ class VLLMEngine:
     async def aclose(self) -> None:
         self._sessions.clear()
         self.http.close()
+        if self.owns_sync_dir and self.sync_dir is not None:
+            import shutil
+
+            shutil.rmtree(self.sync_dir, ignore_errors=True)
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
             self.server = None

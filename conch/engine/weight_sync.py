@@ -64,9 +64,10 @@ class VLLMDiskSync:
 
     def __init__(self, engine: Any, folder: str | Path | None = None) -> None:
         self.engine = engine
-        self.folder = Path(folder) if folder else Path(getattr(engine, "sync_dir", "") or
-                                                        tempfile.mkdtemp(prefix="conch-vllm-sync-"))
-        engine.sync_dir = self.folder
+        if folder is None and getattr(engine, "sync_dir", None) is None:
+            engine.sync_dir = Path(tempfile.mkdtemp(prefix="conch-vllm-sync-"))
+            engine.owns_sync_dir = True  # removed by the engine's aclose
+        self.folder = Path(folder) if folder else engine.sync_dir
 
     def push(self, model: Any) -> dict:
         from safetensors.torch import save_file

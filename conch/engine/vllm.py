@@ -127,6 +127,7 @@ class VLLMEngine:
         self.model_name = self._served_name()
         cfg = json.loads((self.model_dir / "config.json").read_text())
         self.max_positions = int(cfg.get("max_position_embeddings", 1 << 30))
+        self.vocab_size = int(cfg["vocab_size"])
         self._sessions: dict[int, _Session] = {}
         self._ids = itertools.count(1)
         self.stats = {"requests": 0, "tail_requests": 0, "tokens_sampled": 0, "routed_bytes": 0}

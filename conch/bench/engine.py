@@ -57,7 +57,7 @@ def random_ids(n: int, vocab: int, seed: int, low: int = 16) -> list[int]:
     return [r.randrange(low, vocab) for _ in range(n)]
 
 
-def engine_options(args: argparse.Namespace, max_batch: int = 64) -> Any:
+def engine_options(args: argparse.Namespace) -> Any:
     """The engine a benchmark's flags ask for (`--engine`, `--engine-url`, `--dtype`, `--device`, ...)."""
     from dataclasses import replace
 
@@ -82,8 +82,9 @@ class ServerCounters:
 
     def _read(self) -> dict:
         read = getattr(self.engine, "server_metrics", None)
-        stats = getattr(self.engine, "stats", {})
-        return {**(read() if read else {}), "routed_bytes": stats.get("routed_bytes", 0)} if read else {}
+        if read is None:
+            return {}
+        return {**read(), "routed_bytes": self.engine.stats.get("routed_bytes", 0)}
 
     def delta(self) -> dict:
         end = self._read()

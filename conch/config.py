@@ -82,6 +82,27 @@ class ModelConfig:
     sampler_dtype: str = opt("float32", "engine dtype (float32 or bfloat16); bfloat16 reproduces the inference gap",
                               choices=("float32", "bfloat16"))
     trainer_dtype: str = opt("float32", "trainer dtype", choices=("float32", "bfloat16"))
+    trainer_device: str = opt("cpu", "device of the trainer (policy, critic, optimizer): cpu or cuda. Next to "
+                                     "trainer_dtype, as the trainer has no section of its own; the engine's "
+                                     "device is engine.device", choices=("cpu", "cuda"))
+
+
+@dataclass
+class EngineConfig:
+    backend: str = opt("hf", "inference engine: hf (in-process, conch/engine/hf.py) or vllm (a vLLM server over "
+                             "HTTP, token ids in and out, routed experts returned for R3)", choices=("hf", "vllm"))
+    device: str = opt("cpu", "device the engine runs on: cpu or cuda (vllm: the server's device; on cpu conch's "
+                             "vLLM plugin must be installed, see `make install-vllm`)", choices=("cpu", "cuda"))
+    dtype: str = opt("", "engine dtype; empty: model.sampler_dtype", choices=("", "float32", "bfloat16"))
+    url: str = opt("", "vllm: base URL of a running server to attach to (e.g. http://127.0.0.1:8000); it must "
+                       "serve the run's model with --enable-return-routed-experts. Empty: see launch")
+    launch: bool = opt(True, "vllm without url: start the server as a subprocess bound to 127.0.0.1, wait for its "
+                             "health check and stop it at the end (its log goes to RUNDIR/vllm-server.log)")
+    python: str = opt("", "vllm launch: python of the vLLM environment; empty: .venv-vllm/bin/python if present, "
+                          "else the current python")
+    port: int = opt(0, "vllm launch: port on 127.0.0.1 (0: a free one)", ge=0, le=65535)
+    startup_timeout: float = opt(600.0, "vllm launch: seconds to wait for the server's health check", gt=0)
+    extra_args: list = opt([], "vllm launch: extra `vllm serve` arguments, e.g. [\"--max-model-len\", \"8192\"]")
 
 
 @dataclass
@@ -221,6 +242,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)

@@ -20,6 +20,7 @@ ray = pytest.importorskip("ray", reason="ray is not installed (make install pins
 from conch.agent.loop import AgentConfig  # noqa: E402
 from conch.cluster.ray_rollout import RayRolloutSource  # noqa: E402
 from conch.config import ClusterConfig  # noqa: E402
+from conch.engine.registry import EngineOptions  # noqa: E402
 from conch.tasks.loader import load_tasks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def tasks():
 def source(model_dir: Path, workers: int = 2, slots: int = 2) -> RayRolloutSource:
     cfg = ClusterConfig(backend="ray", address="auto", rollout_workers=workers, sandboxes_per_worker=slots,
                         worker_cpus=0.5, worker_resources={"sandbox_node": 1}, start_timeout=180)
-    return RayRolloutSource(model_dir, "float32", AGENT, cfg)
+    return RayRolloutSource(model_dir, EngineOptions(), AGENT, cfg)
 
 
 def pairs(trajs) -> list[tuple[str, int]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +57,47 @@ def random_ids(n: int, vocab: int, seed: int, low: int = 16) -> list[int]:
     return [r.randrange(low, vocab) for _ in range(n)]
 
 
+def engine_options(args: argparse.Namespace) -> Any:
+    """The engine a benchmark's flags ask for (`--engine`, `--engine-url`, `--dtype`, `--device`, ...)."""
+    from dataclasses import replace
+
+    from conch.engine.registry import options_from_args
+
+    opts = options_from_args(args)
+    if opts.backend == "hf":
+        opts = replace(opts, hf_kwargs={"native_attention": getattr(args, "attention", "native") == "native"})
+    return opts
+
+
+def vocab_size(engine: Any) -> int:
+    return engine.model.config.vocab_size if hasattr(engine, "model") else engine.vocab_size
+
+
+class ServerCounters:
+    """A vLLM server's prefix-cache and token counters over one benchmark phase (empty for in-process engines)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.start = self._read()
+
+    def _read(self) -> dict:
+        read = getattr(self.engine, "server_metrics", None)
+        if read is None:
+            return {}
+        return {**read(), "routed_bytes": self.engine.stats.get("routed_bytes", 0)}
+
+    def delta(self) -> dict:
+        end = self._read()
+        if not end:
+            return {}
+        d = {k: end.get(k, 0.0) - self.start.get(k, 0.0) for k in end}
+        q, h = d.get("vllm:prefix_cache_queries_total", 0.0), d.get("vllm:prefix_cache_hits_total", 0.0)
+        return {"prefix_cache_hit_rate": round(h / q, 4) if q else None, "prefix_cache_queries": int(q),
+                "prompt_tokens": int(d.get("vllm:prompt_tokens_total", 0)),
+                "generation_tokens": int(d.get("vllm:generation_tokens_total", 0)),
+                "routed_experts_bytes": int(d.get("routed_bytes", 0))}
+
+
 async def timed_batch(engine, batch: int, prompt_tokens: int, new_tokens: int, vocab: int, seed: int) -> float:
     """Seconds for `batch` concurrent sessions to prefill and sample `new_tokens` each (no stops)."""
     import asyncio
@@ -76,12 +118,14 @@ async def timed_batch(engine, batch: int, prompt_tokens: int, new_tokens: int, v
 
 async def _bench(args: argparse.Namespace) -> dict:
     from conch.bench.horizon import conversation, parse_turns, report
-    from conch.engine.hf import HFEngine
+    from conch.engine.registry import EngineOptions, build_engine
 
     model = resolve_model(args.model)
     sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
-    engine = HFEngine(model, dtype=args.dtype, device=args.device, capture_routing=True, max_batch=max(sizes),
-                      native_attention=args.attention == "native")
+    # HF only: this benchmark reads the in-process engine's step timings (capture overhead)
+    engine = build_engine(EngineOptions(backend="hf", dtype=args.dtype, device=args.device,
+                                        hf_kwargs={"native_attention": args.attention == "native"}),
+                          model, max_batch=max(sizes))
     vocab = engine.model.config.vocab_size
     await timed_batch(engine, 4, args.prompt_tokens, 8, vocab, seed=999)  # warm-up
     rows = []

@@ -19,11 +19,14 @@ import statistics
 import sys
 import time
 
-from conch.bench.engine import add_common, random_ids, resolve_model
+from conch.bench.engine import ServerCounters, add_common, engine_options, random_ids, resolve_model, vocab_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common(parser)
+    from conch.engine.registry import add_engine_arguments
+
+    add_engine_arguments(parser, device=False)
     parser.add_argument("--turns", default="30,100,300", help="comma-separated checkpoints (turn counts)")
     parser.add_argument("--system-tokens", type=int, default=64, help="length of the opening prompt")
     parser.add_argument("--no-reuse-budget", type=float, default=900.0,
@@ -78,7 +81,7 @@ async def conversation(engine, checkpoints: list[int], system_tokens: int, seed:
                        no_reuse_budget: float) -> dict:
     """The horizon measurement on a live engine (also part of `conch bench engine`)."""
     checkpoints = sorted(checkpoints)
-    vocab = engine.model.config.vocab_size
+    vocab = vocab_size(engine)
     turns = plan(checkpoints[-1], seed, vocab)
     system = random_ids(system_tokens, vocab, seed + 7)
     total = system_tokens + sum(len(o) + n for o, n in turns)
@@ -93,7 +96,7 @@ async def conversation(engine, checkpoints: list[int], system_tokens: int, seed:
     return {"turns": checkpoints, "seconds_reuse": reuse, "seconds_no_reuse": no_reuse,
             "reuse_ratio_last_first": round(reuse[i300] / reuse[i30], 2), "tokens_at_last": total,
             "seconds_reuse_runs": runs, "ratio_per_run": [round(run[i300] / run[i30], 2) for run in runs],
-            "attention": engine.attention_kernel}
+            "attention": getattr(engine, "attention_kernel", "vllm server")}
 
 
 def parse_turns(text: str) -> list[int]:
@@ -101,17 +104,19 @@ def parse_turns(text: str) -> list[int]:
 
 
 async def _bench(args: argparse.Namespace) -> dict:
-    from conch.engine.hf import HFEngine
+    from conch.engine.registry import build_engine
 
     model = resolve_model(args.model)
-    engine = HFEngine(model, dtype=args.dtype, device=args.device, capture_routing=True,
-                      native_attention=args.attention == "native")
+    engine = build_engine(engine_options(args), model)
     try:
+        counters = ServerCounters(engine)
         result = await conversation(engine, parse_turns(args.turns), args.system_tokens, args.seed, args.repeats,
                                     args.no_reuse_budget)
+        server = counters.delta()
     finally:
         await engine.aclose()
-    return {**result, "model": model, "dtype": args.dtype, "device": args.device}
+    return {**result, "model": model, "dtype": args.dtype, "device": args.device, "engine": args.engine,
+            **({"server": server} if server else {})}
 
 
 def report(result: dict) -> None:

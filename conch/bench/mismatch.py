@@ -101,6 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trajectories in flight at once (default 1: the engine's batch composition changes "
                              "bfloat16 arithmetic, so with more the samples, and the figures, vary run to run)")
     parser.add_argument("--seed", type=int, default=0)
+    from conch.engine.registry import add_engine_arguments
+
+    add_engine_arguments(parser, device=False)
     parser.add_argument("--quick", action="store_true",
                         help="smoke-test sizes: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
 
@@ -172,11 +175,10 @@ async def collect(args: argparse.Namespace, model_dir: str, tasks: list) -> Coll
     from conch.agent.loop import AgentConfig
     from conch.agent.rollout import run_rollouts
     from conch.agent.tito import ChatCodec
-    from conch.engine.hf import HFEngine
+    from conch.engine.registry import build_engine, options_from_args
     from conch.tasks.synth.trajectories import BASH_TOOL
 
-    inner = HFEngine(model_dir, dtype=args.sampler_dtype, device=args.device, capture_routing=True,
-                     max_batch=args.concurrency)
+    inner = build_engine(options_from_args(args, dtype=args.sampler_dtype), model_dir, max_batch=args.concurrency)
     engine = RecordingEngine(inner)
     codec = ChatCodec(inner.tokenizer, tools=[BASH_TOOL])
     out: dict[str, list] = {}
@@ -447,7 +449,7 @@ def bench(args: argparse.Namespace) -> dict:
         "tokens": tokens["tito"],
         "tokens_retokenize": tokens["neither"],
         "model": model_dir,
-        "sampler_dtype": args.sampler_dtype,
+        "sampler_dtype": args.sampler_dtype, "engine": args.engine,
         "trainer_dtype": "float32",
         "trajectories": {m: len(kept[m]) for m in kept} | {"dropped": dropped},
         "seed": args.seed,

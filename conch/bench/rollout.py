@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from conch.bench.engine import add_common, resolve_model
+from conch.bench.engine import ServerCounters, add_common, engine_options, resolve_model
 
 TARGET_RATIO = 0.90
 INSTRUCTION = "Look around the machine: list the configuration files under /etc and report what you find."
@@ -44,6 +44,9 @@ QUICK = {"concurrency": 4, "turns": 3, "max_new_tokens": 8, "sequential": 2, "re
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common(parser)
+    from conch.engine.registry import add_engine_arguments
+
+    add_engine_arguments(parser, device=False)
     parser.add_argument("--concurrency", type=int, default=32, help="trajectories in flight at once (default 32)")
     parser.add_argument("--turns", type=int, default=8, help="turns per trajectory (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens sampled per turn at most (default 32)")
@@ -84,11 +87,12 @@ class Phase:
 
 
 async def _timed(engine: Any, coro_factory: Callable[[], Awaitable[Any]]) -> tuple[Any, float, float, int]:
-    f0, n0 = engine.stats["forward_seconds"], engine.stats["steps"]
+    # a vLLM server's steps are not visible here: its forward seconds and steps read 0
+    f0, n0 = engine.stats.get("forward_seconds", 0.0), engine.stats.get("steps", 0)
     t0 = time.perf_counter()
     out = await coro_factory()
     seconds = time.perf_counter() - t0
-    return out, seconds, engine.stats["forward_seconds"] - f0, engine.stats["steps"] - n0
+    return out, seconds, engine.stats.get("forward_seconds", 0.0) - f0, engine.stats.get("steps", 0) - n0
 
 
 def _plan(traj: Any) -> list[tuple[list[int], int]]:
@@ -157,13 +161,13 @@ def _mean(xs: list[float]) -> float:
 async def _bench(args: argparse.Namespace) -> dict:
     from conch.agent.loop import AgentConfig
     from conch.agent.tito import ChatCodec
-    from conch.engine.hf import HFEngine
+    from conch.engine.registry import build_engine
     from conch.sandbox import SandboxSpec, make_sandbox
     from conch.tasks.synth.trajectories import BASH_TOOL
 
     c, n_seq = args.concurrency, min(args.sequential, args.concurrency)
     model = resolve_model(args.model)
-    engine = HFEngine(model, dtype=args.dtype, device=args.device, capture_routing=True, max_batch=c)
+    engine = build_engine(engine_options(args), model, max_batch=c)
     codec = ChatCodec(engine.tokenizer, tools=[BASH_TOOL])
     cfg = AgentConfig(max_turns=args.turns, max_new_tokens=args.max_new_tokens, mode="tito",
                       fallback_command=args.fallback_command)
@@ -178,6 +182,7 @@ async def _bench(args: argparse.Namespace) -> dict:
         warm = AgentConfig(max_turns=1, max_new_tokens=4, mode="tito", fallback_command=args.fallback_command)
         await _episodes(engine, codec, shells, warm, args.seed + 1, list(range(c)), True)
 
+        counters = ServerCounters(engine)
         rollouts: list[Phase] = []
         engine_only: list[Phase] = []
         plans = None
@@ -200,6 +205,7 @@ async def _bench(args: argparse.Namespace) -> dict:
             engine, lambda: _episodes(engine, codec, shells, cfg, args.seed, list(range(n_seq)), False))
         sequential = _traj_phase(got, sec, fwd, steps)
         print(f"sequential: {sequential.row()['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
+        server = counters.delta()
     finally:
         for exc in await asyncio.gather(*(sb.stop() for sb in sandboxes), return_exceptions=True):
             if isinstance(exc, BaseException):  # report, the others are stopped all the same
@@ -211,7 +217,8 @@ async def _bench(args: argparse.Namespace) -> dict:
     r, e, s = best_r.row(), best_e.row(), sequential.row()
     turns = [t for tr in trajs for t in tr.turns]
     return {
-        "model": model, "dtype": args.dtype, "device": args.device, "mode": "tito", "concurrency": c,
+        "model": model, "dtype": args.dtype, "device": args.device, "engine": args.engine, "mode": "tito",
+        "concurrency": c, **({"server": server} if server else {}),
         "turns": args.turns, "max_new_tokens": args.max_new_tokens, "command": args.fallback_command,
         "repeats": max(1, args.repeats),
         "rollout": r, "engine_only": e, "sequential": s,

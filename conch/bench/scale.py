@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from conch.engine.registry import EngineOptions  # plain data, no heavy imports
+
 TEST_SH = """#!/bin/bash
 mkdir -p /logs/verifier
 status=failed; [ -f /app/done ] && status=passed
@@ -67,7 +69,7 @@ async def _rollout_runs(args: argparse.Namespace, model_dir: Path, agent: Any, t
     out: dict[str, Any] = {"workers": [], "trajectories": args.trajectories, "seconds": [], "ideal_seconds": [],
                            "lost": 0, "duplicated": 0, "payload_bytes_per_1k_tokens": None}
     for w in [int(x) for x in args.workers.split(",") if x.strip()]:
-        src = RayRolloutSource(model_dir, "float32", agent, _cluster(w, args.slots))
+        src = RayRolloutSource(model_dir, EngineOptions(), agent, _cluster(w, args.slots))
         try:
             t0 = time.monotonic()
             trajs, _ = await src.rollouts(tasks, args.trajectories, seed=w)
@@ -92,7 +94,7 @@ async def _fault_run(args: argparse.Namespace, model_dir: Path, agent: Any, task
 
     from conch.cluster.ray_rollout import RayRolloutSource
 
-    src = RayRolloutSource(model_dir, "float32", agent, _cluster(2, args.slots))
+    src = RayRolloutSource(model_dir, EngineOptions(), agent, _cluster(2, args.slots))
     n = 4 * args.slots
     killed: list[int] = []
 
@@ -130,7 +132,7 @@ async def _async_runs(args: argparse.Namespace, model_dir: Path, tasks: list, tm
             "run.time_budget_minutes=0"])
         loaded = load_policy(model_dir)
         learner = Learner(cfg, loaded.model, loaded.tokenizer, pad_id=loaded.tokenizer.pad_token_id or 0)
-        source = RayRolloutSource(model_dir, "float32", _agent(args), cfg.cluster)
+        source = RayRolloutSource(model_dir, EngineOptions(), _agent(args), cfg.cluster)
         run_dir = tmp / f"async{steps}"
         run_dir.mkdir()
         metrics = MetricsLogger(run_dir)

@@ -24,7 +24,9 @@ from typing import Any, Callable, Sequence
 from conch.agent.loop import AgentConfig
 from conch.agent.rollout import RolloutStats
 from conch.agent.trajectory import Trajectory
-from conch.rl.rollout_source import Job, plan_jobs, state_bytes
+from conch.engine.registry import EngineOptions
+from conch.engine.weight_sync import tensor_bytes
+from conch.rl.rollout_source import Job, plan_jobs
 from conch.tasks.model import Task
 
 
@@ -39,16 +41,16 @@ def _worker_class():
     class RolloutWorker:
         """One engine replica and its sandbox slots; `run` calls interleave on the actor's event loop."""
 
-        def __init__(self, model_dir: str, dtype: str, agent: dict, backend: str, slots: int, threads: int,
-                     verify_every: int, network: str, weights: Any = None) -> None:
+        def __init__(self, model_dir: str, engine: EngineOptions, agent: dict, backend: str, slots: int,
+                     threads: int, verify_every: int, network: str, weights: Any = None) -> None:
             import torch
 
             from conch.agent.tito import ChatCodec
-            from conch.engine.hf import HFEngine
+            from conch.engine.registry import build_engine
             from conch.tasks.synth.trajectories import BASH_TOOL
 
             torch.set_num_threads(max(1, threads))
-            self.engine = HFEngine(model_dir, dtype=dtype, max_batch=max(1, slots))
+            self.engine = build_engine(engine, model_dir, max_batch=max(1, slots))
             if weights is not None:
                 self.engine.load_weights(weights)
             self.codec = ChatCodec(self.engine.tokenizer, tools=[BASH_TOOL])
@@ -102,13 +104,13 @@ def connect(address: str = "", num_cpus: int | None = None) -> None:
 class RayRolloutSource:
     """`RolloutSource` over Ray actors (see the module docstring for scheduling and fault handling)."""
 
-    def __init__(self, model_dir: str | Path, sampler_dtype: str, agent: AgentConfig, cluster: Any,
+    def __init__(self, model_dir: str | Path, engine: EngineOptions, agent: AgentConfig, cluster: Any,
                  backend: str = "local", verify_every: int = 0, network: str = "never") -> None:
         import ray
 
         connect(cluster.address)
         self._ray = ray
-        self.model_dir, self.dtype, self.backend = str(model_dir), sampler_dtype, backend
+        self.model_dir, self.engine_options, self.backend = str(model_dir), engine, backend
         self.agent, self.verify_every, self.cluster, self.network = agent, verify_every, cluster, network
         self.slots = cluster.sandboxes_per_worker
         self._weights: Any = None  # object ref of the latest pushed weights (replacement workers start from it)
@@ -132,7 +134,7 @@ class RayRolloutSource:
         if c.worker_resources:
             opts["resources"] = dict(c.worker_resources)
         return _worker_class().options(**opts).remote(
-            self.model_dir, self.dtype, dataclasses.asdict(self.agent), self.backend, self.slots,
+            self.model_dir, self.engine_options, dataclasses.asdict(self.agent), self.backend, self.slots,
             max(1, int(c.worker_cpus)), self.verify_every, self.network, self._weights)
 
     def placement(self) -> list[dict]:
@@ -205,7 +207,7 @@ class RayRolloutSource:
         t0 = time.monotonic()
         self._weights = ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
         ray.get([w.load_weights.remote(self._weights) for w in self.workers])
-        return {"seconds": time.monotonic() - t0, "bytes": float(state_bytes(state_dict))}
+        return {"seconds": time.monotonic() - t0, "bytes": float(tensor_bytes(state_dict))}
 
     async def aclose(self) -> None:
         for w in self.workers:

@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="engine dtype (default: model.sampler_dtype)")
     p.add_argument("--seed", type=int, default=EVAL_SEED, help=f"sampling seed (default {EVAL_SEED}, as in training)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    from conch.engine.registry import add_engine_arguments
+
+    add_engine_arguments(p, from_config=True)
     p.add_argument("--out", help="also write every trajectory to this JSONL file (readable by `conch report`)")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     p.set_defaults(func=run)
@@ -106,10 +109,10 @@ def run(args: argparse.Namespace) -> int:
 
     async def main():
         from conch.agent.tito import ChatCodec
-        from conch.engine.hf import HFEngine
+        from conch.engine.registry import build_engine, options_for_command
         from conch.tasks.synth.trajectories import BASH_TOOL
 
-        engine = HFEngine(model, dtype=cfg.model.sampler_dtype, max_batch=cfg.ppo.concurrency)
+        engine = build_engine(options_for_command(cfg, args), model, max_batch=cfg.ppo.concurrency)
         try:
             codec = ChatCodec(engine.tokenizer, tools=[BASH_TOOL])
             bar = Progress(len(tasks) * cfg.eval.n_per_task, "eval")

@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="sampler dtype (default: model.sampler_dtype)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--config", help="TOML config file whose [agent] settings apply (see `conch config show`)")
+    from conch.engine.registry import add_engine_arguments
+
+    add_engine_arguments(p, from_config=True)
     p.add_argument("--json", action="store_true", help="print a JSON summary to stdout")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     p.set_defaults(func=run)
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         return lambda traj: bar.update(info=outcome_info(traj))
     from conch.agent.tito import ChatCodec
     from conch.config import load_config
-    from conch.engine.hf import HFEngine
+    from conch.engine.registry import build_engine, options_for_command
     from conch.model.init import cached_model
     from conch.preflight import check_model_dir
     from conch.rl.stages import agent_config
@@ -78,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
 
     async def main() -> int:
-        engine = HFEngine(model_dir, dtype=args.dtype, max_batch=args.concurrency)
+        engine = build_engine(options_for_command(conf, args), model_dir, max_batch=args.concurrency)
         try:
             codec = ChatCodec(engine.tokenizer, tools=[BASH_TOOL])
             total = len(tasks) * args.n_per_task

@@ -64,16 +64,12 @@ class LocalRolloutSource:
                                   verify_every=self.verify_every, on_done=on_done, network=self.network)
 
     def load_weights(self, state_dict: dict) -> dict[str, float]:
-        import time
+        """Through the engine's WeightSync: in place for the HF engine, a safetensors reload for a vLLM server."""
+        from conch.engine.weight_sync import sync_for
 
-        t0 = time.monotonic()
-        self.engine.load_weights(state_dict)
-        return {"seconds": time.monotonic() - t0, "bytes": float(state_bytes(state_dict))}
+        info = sync_for(self.engine).push(state_dict)
+        return {"seconds": float(info["seconds"]), "bytes": float(info["bytes"])}
 
     async def aclose(self) -> None:
         await self.engine.aclose()
-
-
-def state_bytes(state_dict: dict) -> int:
-    return sum(int(v.numel()) * v.element_size() for v in state_dict.values() if hasattr(v, "numel"))
 

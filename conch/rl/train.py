@@ -62,6 +62,13 @@ def check_config(cfg: Config) -> None:
         if not experts:
             raise ConfigError(f"ppo.routing_replay = true, but the model at {cfg.model.path} has no MoE layers "
                               f"(no num_experts in config.json); set ppo.routing_replay = false")
+    if cfg.engine.backend == "vllm" and not cfg.engine.url and not cfg.engine.launch:
+        raise ConfigError("engine.backend = vllm needs engine.url (a running server) or engine.launch = true")
+    if "cuda" in (cfg.engine.device, cfg.model.trainer_device):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("engine.device / model.trainer_device = cuda, but torch sees no CUDA device")
     if not cfg.corpus.train_tasks:
         from conch.tasks.synth import select_families
 
@@ -102,13 +109,13 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     if not pool:
         raise ConfigError(f"no loadable PPO tasks in {corpus.rl}")
     model_dir = init_or_load_model(cfg, run_dir, corpus)
-    loaded = load_policy(model_dir, dtype=cfg.model.trainer_dtype)
+    loaded = load_policy(model_dir, dtype=cfg.model.trainer_dtype, device=cfg.model.trainer_device)
     policy, tok = loaded.model, loaded.tokenizer
     if cfg.ppo.routing_replay and moe_layer_count(policy) == 0:
         raise ConfigError(f"ppo.routing_replay = true, but {model_dir} has no MoE layers")
     codec = ChatCodec(tok, tools=[BASH_TOOL])
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else codec.end_id
-    engine = make_eval_engine(cfg, policy, tok)
+    engine = make_eval_engine(cfg, run_dir, policy, tok, model_dir)
     metrics = MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb, config=cfg.to_dict(),
                             wandb_project=cfg.run.wandb_project, wandb_run_name=cfg.run.name or run_dir.name,
                             wandb_mode=cfg.run.wandb_mode)
@@ -159,11 +166,13 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     return summary
 
 
-def make_eval_engine(cfg: Config, policy: Any, tok: Any) -> Any:
-    """The in-process engine: evaluations, and the rollouts too unless they run on Ray workers."""
-    from conch.engine.hf import HFEngine
+def make_eval_engine(cfg: Config, run_dir: Path, policy: Any, tok: Any, model_dir: Path) -> Any:
+    """The driver's engine (`engine.backend`: in-process HF, or a vLLM server): evaluations, and the rollouts too
+    unless they run on Ray workers."""
+    from conch.engine.registry import build_engine, options_from_config
 
-    return HFEngine(policy, dtype=cfg.model.sampler_dtype, tokenizer=tok, max_batch=cfg.ppo.concurrency)
+    return build_engine(options_from_config(cfg, run_dir), policy, tokenizer=tok, max_batch=cfg.ppo.concurrency,
+                        model_dir=model_dir)
 
 
 def make_rollout_source(cfg: Config, engine: Any, codec: Any, model_dir: Path) -> Any:
@@ -175,7 +184,9 @@ def make_rollout_source(cfg: Config, engine: Any, codec: Any, model_dir: Path) -
 
         log(f"starting {cfg.cluster.rollout_workers} Ray rollout workers x {cfg.cluster.sandboxes_per_worker} "
             f"sandboxes" + (f" on {cfg.cluster.address}" if cfg.cluster.address else " (local Ray instance)"))
-        return RayRolloutSource(model_dir, cfg.model.sampler_dtype, agent, cfg.cluster, backend=cfg.run.sandbox,
+        from conch.engine.registry import options_from_config
+
+        return RayRolloutSource(model_dir, options_from_config(cfg), agent, cfg.cluster, backend=cfg.run.sandbox,
                                 verify_every=verify_every, network=cfg.sandbox.network)
     from conch.rl.rollout_source import LocalRolloutSource
 
@@ -224,7 +235,8 @@ def sft_stage(cfg: Config, run_dir: Path, policy: Any, tok: Any, codec: Any, cor
 
     warm_dir = run_dir / "warm"
     if marker(run_dir, "sft"):
-        return load_policy(warm_dir, dtype=cfg.model.trainer_dtype, with_tokenizer=False).model
+        return load_policy(warm_dir, dtype=cfg.model.trainer_dtype, device=cfg.model.trainer_device,
+                           with_tokenizer=False).model
     report = warm_start_sft(cfg, policy, codec, corpus.trajectories, pad_id, on_step=recorder.sft_step)
     publish_model(policy, tok, warm_dir)
     mark_done(run_dir, "sft", report)

@@ -283,7 +283,7 @@ def collection_failed(text: str) -> bool:
     """True when pytest reports that a test module could not be collected (import error and the like)."""
     for line in _clean(text):
         if re.match(r"^(ERROR collecting |ImportError while importing test module|"
-                    r"Interrupted: \d+ errors? during collection)", line.strip("= ")):
+                    r"Interrupted: \d+ errors? during collection)", line.strip("=!_ ")):
             return True
     return False
 

@@ -342,9 +342,7 @@ def test_hostile_agents_do_not_hurt_host_or_batch(tmp_path, backend):
     assert not host_out.exists() and secret.read_text() == SECRET + "\n"
     assert peak_kib < 1 << 20, f"conch check peaked at {peak_kib >> 10} MiB"
     broken = results["broken-test-file"]
-    if not (broken["error"] and broken["reward"] is None):  # the last check: everything above held
-        pytest.xfail(f"a test file with a syntax error reads {broken['n_passed']}/{broken['n_total']}, reward "
-                     f"{broken['reward']}: verify.py's classification (issue 24) must make it an error")
+    assert broken["error"] and broken["reward"] is None, broken  # no test ran: an error, never a plain 0/1
 
 
 def test_disk_fill_is_stopped_at_the_storage_limit(backend):

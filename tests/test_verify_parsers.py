@@ -273,3 +273,13 @@ def test_static_count_matches_pytest_collection(tmp_path):
     )
     collected = [line for line in proc.stdout.splitlines() if "::" in line]
     assert len(collected) == static_test_count(tmp_path)
+
+
+def test_a_syntax_error_in_a_test_file_is_a_collection_failure(tmp_path):
+    (tmp_path / "test_broken.py").write_text("def test_x(:\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", str(tmp_path)],
+                          capture_output=True, text=True)
+    from conch.verify_parsers import collection_failed
+
+    assert proc.returncode != 0 and collection_failed(proc.stdout + proc.stderr)
+    assert not collection_failed("1 passed in 0.1s")

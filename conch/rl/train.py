@@ -285,6 +285,7 @@ async def ppo(cfg: Config, run_dir: Path, learner: Any, source: Any, pool: list,
     def start(it: int) -> asyncio.Task:
         sync = source.load_weights(learner.weights())                                      # sync
         metrics_sync.update({"time/sync_s": sync["seconds"], "sync/bytes": sync["bytes"]})
+        log(f"weight sync: {sync['bytes'] / 1e6:.1f} MB in {sync['seconds']:.2f} s")
         tasks = sample_tasks(cfg, pool, it)
         progress = recorder.rollout_progress(len(tasks) * cfg.ppo.n_per_task, f"PPO iteration {it}") if recorder else None
         return asyncio.ensure_future(source.rollouts(tasks, cfg.ppo.n_per_task, seed=it, on_done=progress))

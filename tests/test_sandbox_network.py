@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -56,18 +55,6 @@ def registry(monkeypatch):
     yield port
     srv.shutdown()
 
-
-@pytest.fixture(params=["local", "docker"])
-def backend(request, base_root) -> str:
-    if request.param == "docker":
-        from conch.sandbox.docker_images import engine_problem
-
-        problem = engine_problem()
-        if problem:
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"CI=true but {problem}")
-            pytest.skip(problem)
-    return request.param
 
 
 def test_registries_only(backend, registry):

@@ -199,18 +199,6 @@ def _assert_broken_is_error(r: dict) -> None:
     assert r["n_total"] == 7  # the static count, parametrized cases included
 
 
-@pytest.fixture(params=["local", "docker"])
-def backend(request, base_root) -> str:
-    if request.param == "docker":
-        from conch.sandbox.docker_images import engine_problem
-
-        problem = engine_problem()
-        if problem:
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"CI=true but {problem}")
-            pytest.skip(problem)
-    return request.param
-
 
 def test_oracle_passes_nop_gets_the_honest_count_broken_verifier_errors(backend, tmp_path):
     # nop first: its counts are cached by task content, so the oracle run after it shows them without new runs

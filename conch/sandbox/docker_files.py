@@ -5,13 +5,12 @@ conch/sandbox/readback.py."""
 from __future__ import annotations
 
 import os
-import shutil
 import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from conch.sandbox.localbuild import safe_extract
+from conch.sandbox.localbuild import place_download, safe_extract
 
 
 def tar_for_upload(src: Path, arcname: str) -> Any:
@@ -46,12 +45,4 @@ def extract_download(spool: Any, top: str, dest: Path) -> None:
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".conch-dl-") as tmp:
         with tarfile.open(fileobj=spool) as tar:  # the same checks as the local backend's download
             safe_extract(tar, Path(tmp), owner=(os.getuid(), os.getgid()))
-        got = Path(tmp) / top
-        if dest.is_dir() and not dest.is_symlink() and got.is_dir():
-            shutil.copytree(got, dest, symlinks=True, dirs_exist_ok=True)
-        else:
-            if dest.is_dir() and not dest.is_symlink():
-                shutil.rmtree(dest)
-            elif dest.exists() or dest.is_symlink():
-                dest.unlink()
-            os.replace(got, dest)
+        place_download(Path(tmp) / top, dest)

@@ -33,7 +33,7 @@ from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, San
 from conch.sandbox.baseroot import RUNTIME_ENV
 from conch.sandbox.bwrap import (DEFAULT_PATH, BoxConfig, Cgroups, launcher_argv, proc_start_time, require_host,
                                  warn_once, write_id_maps)
-from conch.sandbox.localbuild import LocalImage, build_image, lookup, safe_extract
+from conch.sandbox.localbuild import LocalImage, build_image, lookup, place_download, safe_extract
 from conch.sandbox.readback import CapWriter, ReadBackError
 from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell, pidfd_wait, settle, unread_bytes
 
@@ -365,15 +365,7 @@ class LocalSandbox:
                         safe_extract(tf, staging, owner=(os.getuid(), os.getgid()))
 
                 await asyncio.to_thread(unpack)
-                got = staging / name if name != "." else staging
-                if dest.is_dir() and got.is_dir() and not dest.is_symlink():
-                    shutil.copytree(got, dest, symlinks=True, dirs_exist_ok=True)
-                else:
-                    if dest.is_dir() and not dest.is_symlink():
-                        shutil.rmtree(dest)
-                    elif dest.exists() or dest.is_symlink():
-                        dest.unlink()
-                    os.rename(got, dest)
+                place_download(staging / name if name != "." else staging, dest)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
 

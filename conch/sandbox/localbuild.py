@@ -509,3 +509,16 @@ def _own(path: Path, uid: int, gid: int, mode: int | None) -> None:
     os.lchown(path, uid, gid)
     if mode is not None and not path.is_symlink():
         os.chmod(path, mode)
+
+
+def place_download(got: Path, dest: Path) -> None:
+    """Put an extracted download `got` at `dest`: a folder merges into an existing folder; anything else
+    replaces what `dest` was (a link at `dest` is replaced, never followed)."""
+    if dest.is_dir() and not dest.is_symlink() and got.is_dir():
+        shutil.copytree(got, dest, symlinks=True, dirs_exist_ok=True)
+        return
+    if dest.is_dir() and not dest.is_symlink():
+        shutil.rmtree(dest)
+    elif dest.exists() or dest.is_symlink():
+        dest.unlink()
+    os.replace(got, dest)

@@ -38,6 +38,12 @@ class RolloutStats:
         return self.env_steps / self.seconds if self.seconds else 0.0
 
 
+def episode_seed(base: int, index: int) -> int:
+    """The sampling seed of the `index`-th (task, sample) episode of a rollout seeded `base` (every rollout
+    path, local or on Ray workers, seeds its episodes this way, so a trajectory does not depend on where it ran)."""
+    return base * 1_000_003 + index
+
+
 def system_prompt() -> str:
     from conch.tasks.synth.trajectories import SYSTEM_PROMPT
 
@@ -137,8 +143,8 @@ async def run_rollouts(
     async def one(i: int, task: Task, k: int) -> Trajectory:
         nonlocal done
         async with gate:
-            traj = await run_one(engine, codec, task, k, cfg, backend, seed=seed * 1_000_003 + i, verify_every=verify_every,
-                                 network=network)
+            traj = await run_one(engine, codec, task, k, cfg, backend, seed=episode_seed(seed, i),
+                                 verify_every=verify_every, network=network)
         done += 1
         if fh is not None:
             fh.write(traj.dumps() + "\n")

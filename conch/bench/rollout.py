@@ -105,7 +105,9 @@ def _plan(traj: Any) -> list[tuple[list[int], int]]:
 
 
 def _seed(base: int, i: int) -> int:
-    return base * 1_000_003 + i  # as run_rollouts seeds its i-th trajectory
+    from conch.agent.rollout import episode_seed
+
+    return episode_seed(base, i)  # as run_rollouts seeds its i-th trajectory
 
 
 async def _episodes(engine: Any, codec: Any, shells: list[Any], cfg: Any, seed: int, indices: list[int],

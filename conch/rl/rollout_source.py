@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from conch.agent.loop import AgentConfig
-from conch.agent.rollout import RolloutStats
+from conch.agent.rollout import RolloutStats, episode_seed
 from conch.agent.trajectory import Trajectory
 from conch.tasks.model import Task
 
@@ -26,7 +26,7 @@ class Job:
     sample: int
 
     def seed(self, base: int) -> int:
-        return base * 1_000_003 + self.index
+        return episode_seed(base, self.index)
 
 
 def plan_jobs(tasks: Sequence[Task], n_per_task: int) -> list[Job]:

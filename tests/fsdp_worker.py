@@ -28,6 +28,9 @@ def run(rank: int, world: int, case_path: str, out_path: str, port: int) -> None
     pol, cri = full_state_dict(policy), full_state_dict(critic)
     if rank == 0:
         torch.save({"policy": pol, "critic": cri, "stats": stats}, out_path)
+    # No rank tears down gloo while another is still using it (rank 0 saving): CI saw rank 1 abort
+    # ("terminate called without an active exception") when it destroyed the group first.
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 

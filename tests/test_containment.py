@@ -122,10 +122,15 @@ def test_cpu_quota(base_root):
         r = await box.exec(
             "python3 -c 'import time,os\nt=time.time()\nwhile time.time()-t<1.5: pass\n"
             "c=os.times(); print((c.user+c.system)/(time.time()-t))'", timeout=30)
-        stats = [(p / "cpu.stat").read_text() for p in box._cgroups.paths if (p / "cpu.stat").exists()]
-        return r, stats
+        paths = [p for p in box._cgroups.paths if (p / "cpu.stat").exists()]
+        return r, [(p / "cpu.max").read_text().split() for p in paths], [(p / "cpu.stat").read_text() for p in paths]
 
-    r, stats = run(with_box(burn, Limits(cpus=0.2), name="cpu"))
-    assert float(r.stdout) < 0.35, f"cpu share {r.stdout} with cpus=0.2"
-    throttled = {k: int(v) for line in stats[0].splitlines() for k, v in [line.split()]}
-    assert throttled["nr_throttled"] > 0, stats
+    r, quotas, stats = run(with_box(burn, Limits(cpus=0.2), name="cpu"))
+    assert quotas and quotas[0] == ["20000", "100000"], quotas
+    share = float(r.stdout)
+    assert share < 0.35, f"cpu share {share} with cpus=0.2"
+    # On a loaded host the loop may never reach its quota (so is never throttled); when it ran near the quota,
+    # the kernel must have throttled it.
+    if share > 0.15:
+        throttled = {k: int(v) for line in stats[0].splitlines() for k, v in [line.split()]}
+        assert throttled["nr_throttled"] > 0, stats

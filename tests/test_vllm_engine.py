@@ -130,6 +130,27 @@ def test_agent_loop_trajectory_rows_are_the_routers(vllm_server, reference, base
     assert np.array_equal(rows[:last], forward(reference, traj.tokens)[1][:last])
 
 
+def test_mismatch_recorder_gets_every_row_of_a_retokenize_turn(vllm_server, reference):
+    """`conch bench mismatch` scores each retokenize turn (a whole session) on all its rows: the recorder fetches
+    the one vLLM still owes, and hands on a result with every row of the call."""
+    from conch.bench.mismatch import RecordingEngine
+
+    async def go():
+        rec = RecordingEngine(engine_for(vllm_server))
+        try:
+            p = chat(rec.inner.tokenizer, "show the disk usage")
+            res = await rec.generate(await rec.open_session(p), [], SamplingParams(max_new_tokens=10, seed=2))
+            return p, res, rec.take_calls(), dict(rec.inner.stats)
+        finally:
+            await rec.aclose()
+
+    p, res, calls, stats = asyncio.run(go())
+    seq = p + res.token_ids
+    assert stats["tail_requests"] == 1 and len(calls) == 1
+    assert np.array_equal(res.routed_experts, forward(reference, seq)[1])
+    assert np.array_equal(calls[0].rows, res.routed_experts) and calls[0].prompt == p
+
+
 def test_stops_and_finish_reason(vllm_server):
     async def go():
         eng = engine_for(vllm_server)

@@ -34,6 +34,7 @@ from typing import Any
 from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec, ShellSession
 from conch.sandbox import docker_images as images
 from conch.sandbox.disk_watch import DiskWatch, watch_container
+from conch.sandbox.exec_marker import UntilMarker, new_nonce, wrapped_argv
 from conch.sandbox.docker_files import extract_download as _extract_download
 from conch.sandbox.docker_files import get_archive as _get_archive
 from conch.sandbox.docker_files import tar_for_upload as _tar_for_upload
@@ -85,10 +86,12 @@ def owner_label() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{_proc_start(os.getpid()) or ''}"
 
 
-async def _read_frames(reader: asyncio.StreamReader, sinks: dict[int, Any], feed: str = "feed") -> None:
-    """Demultiplex the engine's stdout(1)/stderr(2) frames from `reader` into `getattr(sinks[n], feed)`."""
+async def _read_frames(reader: asyncio.StreamReader, sinks: dict[int, Any], feed: str = "feed",
+                       done: Any = None) -> None:
+    """Demultiplex the engine's stdout(1)/stderr(2) frames from `reader` into `getattr(sinks[n], feed)`, until
+    the stream ends or `done()` is true."""
     calls = {n: getattr(sink, feed) for n, sink in sinks.items()}
-    while True:
+    while done is None or not done():
         try:
             header = await reader.readexactly(8)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -148,25 +151,40 @@ class _Finished:
 
 
 async def _run_once(api: Any, container: str, argv: list[str], timeout: float, cwd: str | None = None,
-                    env: dict[str, str] | None = None, output_cap: int = DEFAULT_OUTPUT_CAP) -> _Finished:
-    """Create, start and read one exec (no stdin) to its end, or until `timeout` (host side) has passed."""
+                    env: dict[str, str] | None = None, output_cap: int = DEFAULT_OUTPUT_CAP,
+                    nonce: str | None = None) -> _Finished:
+    """Create, start and read one exec to its end, or until `timeout` (host side) has passed.
+
+    With `nonce`, `argv` is `exec_marker.wrapped_argv(...)`: the nonce goes to its stdin, and reading stops at
+    the markers that follow the command's exit (background children may hold the stream open for seconds)."""
     try:
         created = await _call(api.exec_create, container, argv, environment=env or None,
-                                          workdir=cwd or None)
+                              workdir=cwd or None, stdin=nonce is not None)
     except Exception as exc:  # noqa: BLE001 - the engine's reason is in the message
         raise SandboxError(f"cannot run a command in container {container}: {exc}") from exc
     out, err = CappedBuffer(output_cap), CappedBuffer(output_cap)
+    sinks: dict[int, Any] = {1: out, 2: err}
+    if nonce is not None:
+        sinks = {1: UntilMarker(out, nonce), 2: UntilMarker(err, nonce)}
     reader, writer = await _hijack(api, created["Id"])
     guard_hit = False
     try:
-        writer.write_eof()  # no stdin
-        # When background children hold the output, the engine ends the stream (and reports the exit code)
-        # about 2 s after the command exited: the exit code is only known then, so that wait is kept.
-        await asyncio.wait_for(_read_frames(reader, {1: out, 2: err}), timeout)
+        if nonce is not None:
+            writer.write(nonce.encode() + b"\n")
+        writer.write_eof()  # nothing (more) on stdin
+        done = (lambda: sinks[1].seen and sinks[2].seen) if nonce is not None else None
+        await asyncio.wait_for(_read_frames(reader, sinks, done=done), timeout)
     except asyncio.TimeoutError:
         guard_hit = True
     finally:
         writer.close()
+    if nonce is not None:
+        sinks[1].flush()
+        sinks[2].flush()
+        if sinks[1].seen and sinks[2].seen:
+            return _Finished(out, err, sinks[1].status, False)
+    # No markers (the wrapper was killed, or the box stopped): the engine reports the exit code once the
+    # stream has ended, which background children holding it can delay by about 2 s.
     code, pid = await _exit_code(api, created["Id"], tries=3 if guard_hit else 100)
     if guard_hit and code is None:
         _kill_host_pid(pid)
@@ -398,9 +416,9 @@ class DockerSandbox:
         api, container = self._require()
         t0 = time.monotonic()
         # `timeout` kills the command's whole process group inside the box; the host guard is a backstop.
-        argv = ["timeout", "-s", "KILL", f"{max(timeout, 0.001):.3f}", "bash", "-c", command]
-        done = await _run_once(api, container, argv, timeout + HOST_GRACE_S, cwd=cwd, env=env,
-                               output_cap=output_cap)
+        nonce = new_nonce()
+        done = await _run_once(api, container, wrapped_argv(command, timeout), timeout + HOST_GRACE_S, cwd=cwd,
+                               env=env, output_cap=output_cap, nonce=nonce)
         seconds = time.monotonic() - t0
         timed_out = done.guard_hit or (done.exit_code == 137 and seconds >= timeout)
         stderr = done.stderr.render().decode("utf-8", "replace")

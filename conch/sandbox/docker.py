@@ -150,39 +150,33 @@ class _Finished:
     guard_hit: bool  # the host-side guard fired: the stream did not end in time
 
 
-async def _run_once(api: Any, container: str, argv: list[str], timeout: float, cwd: str | None = None,
-                    env: dict[str, str] | None = None, output_cap: int = DEFAULT_OUTPUT_CAP,
-                    nonce: str | None = None) -> _Finished:
-    """Create, start and read one exec to its end, or until `timeout` (host side) has passed.
-
-    With `nonce`, `argv` is `exec_marker.wrapped_argv(...)`: the nonce goes to its stdin, and reading stops at
-    the markers that follow the command's exit (background children may hold the stream open for seconds)."""
+async def _run_once(api: Any, container: str, command: str, timeout: float, cwd: str | None = None,
+                    env: dict[str, str] | None = None, output_cap: int = DEFAULT_OUTPUT_CAP) -> _Finished:
+    """Run `bash -c command` under `timeout -s KILL timeout` in one exec, read until the command's end markers
+    (exec_marker.py: background children may hold the stream open for seconds) or the host guard fires."""
+    nonce = new_nonce()
     try:
-        created = await _call(api.exec_create, container, argv, environment=env or None,
-                              workdir=cwd or None, stdin=nonce is not None)
+        created = await _call(api.exec_create, container, wrapped_argv(command, timeout), stdin=True,
+                              environment=env or None, workdir=cwd or None)
     except Exception as exc:  # noqa: BLE001 - the engine's reason is in the message
         raise SandboxError(f"cannot run a command in container {container}: {exc}") from exc
     out, err = CappedBuffer(output_cap), CappedBuffer(output_cap)
-    sinks: dict[int, Any] = {1: out, 2: err}
-    if nonce is not None:
-        sinks = {1: UntilMarker(out, nonce), 2: UntilMarker(err, nonce)}
+    marks = {1: UntilMarker(out, nonce), 2: UntilMarker(err, nonce)}
     reader, writer = await _hijack(api, created["Id"])
     guard_hit = False
     try:
-        if nonce is not None:
-            writer.write(nonce.encode() + b"\n")
-        writer.write_eof()  # nothing (more) on stdin
-        done = (lambda: sinks[1].seen and sinks[2].seen) if nonce is not None else None
-        await asyncio.wait_for(_read_frames(reader, sinks, done=done), timeout)
+        writer.write(nonce.encode() + b"\n")
+        writer.write_eof()  # the command's stdin is empty
+        await asyncio.wait_for(_read_frames(reader, marks, done=lambda: marks[1].seen and marks[2].seen),
+                               timeout + HOST_GRACE_S)
     except asyncio.TimeoutError:
         guard_hit = True
     finally:
         writer.close()
-    if nonce is not None:
-        sinks[1].flush()
-        sinks[2].flush()
-        if sinks[1].seen and sinks[2].seen:
-            return _Finished(out, err, sinks[1].status, False)
+    for mark in marks.values():
+        mark.flush()
+    if marks[1].seen and marks[2].seen:
+        return _Finished(out, err, marks[1].status, False)
     # No markers (the wrapper was killed, or the box stopped): the engine reports the exit code once the
     # stream has ended, which background children holding it can delay by about 2 s.
     code, pid = await _exit_code(api, created["Id"], tries=3 if guard_hit else 100)
@@ -228,7 +222,7 @@ class DockerShellTransport:
             self.stderr.feed_eof()
 
     async def control(self, script: str) -> None:
-        await _run_once(self._api, self._container, ["bash", "-c", script], timeout=10.0)
+        await _run_once(self._api, self._container, script, timeout=10.0)
 
     async def wait_exit(self) -> None:
         """Returns when bash exits (seen through its host pid with a local engine; else when the stream ends)."""
@@ -416,9 +410,7 @@ class DockerSandbox:
         api, container = self._require()
         t0 = time.monotonic()
         # `timeout` kills the command's whole process group inside the box; the host guard is a backstop.
-        nonce = new_nonce()
-        done = await _run_once(api, container, wrapped_argv(command, timeout), timeout + HOST_GRACE_S, cwd=cwd,
-                               env=env, output_cap=output_cap, nonce=nonce)
+        done = await _run_once(api, container, command, timeout, cwd=cwd, env=env, output_cap=output_cap)
         seconds = time.monotonic() - t0
         timed_out = done.guard_hit or (done.exit_code == 137 and seconds >= timeout)
         stderr = done.stderr.render().decode("utf-8", "replace")

@@ -170,7 +170,8 @@ def test_exec_results_env_and_cwd(box):
 def test_exec_timeout_kills_the_command_group(box):
     sb, loop = box
     r = loop.run_until_complete(sb.exec("sleep 30 & sleep 30; echo never", timeout=1))
-    assert r.timed_out and r.exit_code is None and 1 <= r.seconds < 5
+    # At or after 1 s, never early; the in-box `timeout` (not the host guard at 11 s) killed it: none left.
+    assert r.timed_out and r.exit_code is None and (r.stdout, r.stderr) == ("", "") and 1 <= r.seconds < 11
     left = loop.run_until_complete(sb.exec("ps -eo args | grep -c '^sleep 30' || true"))
     assert left.stdout.strip() == "0"
 
@@ -180,6 +181,66 @@ def test_exec_output_cap(box):
     r = loop.run_until_complete(sb.exec("seq 1 100000", output_cap=1000))
     assert r.truncated and r.stdout.startswith("1\n2\n") and r.stdout.endswith("99999\n100000\n")
     assert len(r.stdout) < 1200
+
+
+def test_end_marker_is_found_across_frames_and_only_with_its_nonce():
+    from conch.sandbox.exec_marker import UntilMarker, new_nonce
+    from conch.sandbox.shell import CappedBuffer
+
+    nonce = new_nonce()
+    assert nonce != new_nonce() and len(nonce) >= 32
+    out = CappedBuffer(1 << 20)
+    m = UntilMarker(out, nonce)
+    stream = (b"a\nconch-end-00000000000000000000000000000000:0\n" + nonce[:-1].encode() + b":0\nb"
+              + nonce.encode() + b":42\nlater output of a background child\n")
+    for i in range(len(stream)):  # one byte per frame: the marker always spans frames
+        m.feed(stream[i:i + 1])
+    assert (m.seen, m.status) == (True, 42)
+    assert out.render() == b"a\nconch-end-00000000000000000000000000000000:0\n" + nonce[:-1].encode() + b":0\nb"
+    cut = UntilMarker(out := CappedBuffer(100), nonce)  # the wrapper was killed: no marker, nothing lost
+    cut.feed(b"xyz" + nonce.encode()[:5])
+    cut.flush()
+    assert (cut.seen, out.render()) == (False, b"xyz" + nonce.encode()[:5])
+
+
+def test_exec_ends_at_the_commands_exit_not_its_background_childrens(box):
+    """The engine keeps an exec's stream open (and its exit code unknown) for ~2 s while background children hold
+    its stdout/stderr. Here a child starts writing only once the exec's top process in the box has exited, and
+    keeps writing: the result must be the command's own output and status, not a timeout, with the child and a
+    background sleep still running. No wall-clock bound is needed: with the old read-to-the-end the child's lines
+    were in the output."""
+    sb, loop = box
+    command = ("top=$$; while p=$(cut -d' ' -f4 /proc/$top/stat) && [ \"$p\" != 0 ]; do top=$p; done; "
+               "(while grep -qs '^State:[[:space:]]*[^Z]' /proc/$top/status; do sleep 0.01; done; touch /tmp/w.on; "
+               " while :; do echo late; echo late >&2; sleep 0.01; done) & echo $! > /tmp/w.pid; "
+               "sleep 1000 & echo $! > /tmp/s.pid; printf hi; echo err >&2; exit 3")
+    r = loop.run_until_complete(sb.exec(command, timeout=120))
+    assert (r.stdout, r.stderr, r.exit_code, r.timed_out) == ("hi", "err\n", 3, False), r
+    r = loop.run_until_complete(sb.exec(
+        "until [ -e /tmp/w.on ]; do sleep 0.01; done; kill -0 $(cat /tmp/w.pid) $(cat /tmp/s.pid) && echo running; "
+        "kill $(cat /tmp/w.pid) $(cat /tmp/s.pid)", timeout=120))
+    assert (r.stdout, r.exit_code) == ("running\n", 0), r
+    r = loop.run_until_complete(sb.exec("sleep 1000 & echo hi", timeout=120))
+    assert (r.stdout, r.exit_code, r.timed_out) == ("hi\n", 0, False), r
+    left = loop.run_until_complete(sb.exec("pkill -x -f 'sleep 1000' && echo killed"))
+    assert left.stdout == "killed\n"  # it was still running
+
+
+def test_exec_marker_nonce_is_secret_and_a_killed_wrapper_still_reports(box, monkeypatch):
+    import conch.sandbox.docker as docker_backend
+
+    sb, loop = box
+    monkeypatch.setattr(docker_backend, "new_nonce", lambda: "conch-end-" + "ab" * 16)
+    # The command cannot read the nonce from any process's argv or environment, nor from its stdin.
+    r = loop.run_until_complete(sb.exec(
+        "printf 'conch-end-%s' $(printf 'ab%.0s' $(seq 16)) > /tmp/pat; "
+        "grep -lsf /tmp/pat /proc/[0-9]*/cmdline /proc/[0-9]*/environ; cat; echo done"))
+    assert (r.stdout, r.exit_code) == ("done\n", 0), r
+    # The command kills the wrapper (the exec's top process): no markers; the engine's exit status is used.
+    r = loop.run_until_complete(sb.exec(
+        "top=$$; while p=$(cut -d' ' -f4 /proc/$top/stat) && [ \"$p\" != 0 ]; do top=$p; done; kill -9 $top",
+        timeout=120))
+    assert (r.exit_code, r.timed_out) == (137, False) and "conch-end" not in r.stdout + r.stderr, r
 
 
 def test_no_network_and_limits(box):

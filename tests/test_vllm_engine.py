@@ -41,13 +41,14 @@ def chat(tok, text: str) -> list[int]:
     return tok.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
 
 
-def check_turn(model, seq: list[int], start: int, n_new: int, res, temperature: float) -> None:
-    """The call's rows are seq[start:] (pending + new + sampled, last sampled included) and equal the HF router;
-    its log-probs equal the HF forward's at the sampled positions."""
+def check_turn(model, seq: list[int], start: int, n_new: int, res, temperature: float, owed: int = 0) -> None:
+    """The call's rows are seq[start - owed : -1]: the row owed by the previous call (its last sampled token), then
+    pending + new + sampled, the last sampled one owed to the next call; all equal the HF router's top-k. Its
+    log-probs equal the HF forward's at the sampled positions."""
     logp, experts = forward(model, seq, temperature)
-    assert res.routed_experts.shape == (len(seq) - start, 4, 2)
+    assert res.routed_experts.shape == (len(seq) - 1 - (start - owed), 4, 2)
     assert res.routed_experts.dtype == np.uint8
-    assert np.array_equal(res.routed_experts, experts[start:])
+    assert np.array_equal(res.routed_experts, experts[start - owed: len(seq) - 1])
     first = start + n_new  # position of the first sampled token
     ref = [logp[first - 1 + i, t].item() for i, t in enumerate(res.token_ids)]
     assert np.max(np.abs(np.array(ref) - np.array(res.logprobs))) <= TOL
@@ -63,6 +64,7 @@ def test_three_turn_session_matches_transformers(vllm_server, reference):
             p0 = chat(tok, "list the files in /etc and count them")
             sid = await eng.open_session(p0)
             seq: list[int] = []
+            rows = []
             before = eng.server_metrics()
             turns = [(p0, [], 1.0), ([], tok.encode("\n<|im_start|>user\nnow sort them by size"), 0.7),
                      ([], tok.encode("\n<|im_start|>user\nand show the largest"), 0.0)]
@@ -72,16 +74,81 @@ def test_three_turn_session_matches_transformers(vllm_server, reference):
                 assert res.prompt_tokens == len(pending) + len(new)
                 start = len(seq)
                 seq += pending + new + res.token_ids
-                check_turn(reference, seq, start, len(pending) + len(new), res, temp)
+                check_turn(reference, seq, start, len(pending) + len(new), res, temp, owed=1 if i else 0)
+                rows.append(res.routed_experts)
+            # one request per turn: the owed rows rode on the next turn's request
+            assert (eng.stats["requests"], eng.stats["tail_requests"]) == (3, 0)
+            # the session's final row, asked for (one prefill-only request); nothing is owed after it
+            last = await eng.generate(sid, [], SamplingParams(max_new_tokens=0))
+            assert last.token_ids == [] and eng.stats["tail_requests"] == 1
+            rows.append(last.routed_experts)
+            none = await eng.generate(sid, [], SamplingParams(max_new_tokens=0))
+            assert none.routed_experts.shape == (0, 4, 2) and eng.stats["tail_requests"] == 1
             after = eng.server_metrics()
             # later turns re-sent their history: whole 32-token blocks of it came from the prefix cache
             assert after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"] >= 64
+            # the calls' rows, concatenated, are the HF router's on every token of the conversation
+            assert np.array_equal(np.concatenate(rows), forward(reference, seq)[1])
             # every row of the whole conversation, asked at once (all but the tail served from the cache)
-            rows = await eng._rows(seq, 0)
-            assert np.array_equal(rows, forward(reference, seq)[1])
+            assert np.array_equal(await eng._rows(seq, 0), forward(reference, seq)[1])
         finally:
             await eng.aclose()
     asyncio.run(go())
+
+
+def test_agent_loop_trajectory_rows_are_the_routers(vllm_server, reference, base_root):
+    """A TITO episode (real local sandbox, 3 turns) over vLLM: one request per turn, and the trajectory's rows equal
+    the HF router's on every token up to the last sampled one, which (like the final observation, never fed) is
+    -1: the row no loss reads (conch/engine/base.py)."""
+    from conch.agent.loop import AgentConfig, run_episode
+    from conch.agent.rollout import system_prompt
+    from conch.agent.tito import ChatCodec
+    from conch.agent.trajectory import Trajectory
+    from conch.sandbox import SandboxSpec, make_sandbox
+    from conch.tasks.synth.trajectories import BASH_TOOL
+
+    async def go():
+        eng = engine_for(vllm_server)
+        sb = make_sandbox("local", SandboxSpec(name="vllm-loop-test"))
+        await sb.start()
+        try:
+            traj = Trajectory(task="t", sample=0)
+            cfg = AgentConfig(max_turns=3, max_new_tokens=12, fallback_command="echo hi")
+            await run_episode(eng, ChatCodec(eng.tokenizer, tools=[BASH_TOOL]), await sb.shell(), system_prompt(),
+                              "Say hi.", cfg, traj, seed=5)
+            return traj, dict(eng.stats)
+        finally:
+            await sb.stop()
+            await eng.aclose()
+
+    traj, stats = asyncio.run(go())
+    assert traj.error is None and len(traj.turns) == 3
+    assert (stats["requests"], stats["tail_requests"]) == (3, 0)
+    last = traj.turns[-1].end - 1  # the final sampled token
+    rows = traj.routed_experts
+    assert rows.shape == (len(traj.tokens), 4, 2) and (rows[last:] == -1).all()
+    assert np.array_equal(rows[:last], forward(reference, traj.tokens)[1][:last])
+
+
+def test_mismatch_recorder_gets_every_row_of_a_retokenize_turn(vllm_server, reference):
+    """`conch bench mismatch` scores each retokenize turn (a whole session) on all its rows: the recorder fetches
+    the one vLLM still owes, and hands on a result with every row of the call."""
+    from conch.bench.mismatch import RecordingEngine
+
+    async def go():
+        rec = RecordingEngine(engine_for(vllm_server))
+        try:
+            p = chat(rec.inner.tokenizer, "show the disk usage")
+            res = await rec.generate(await rec.open_session(p), [], SamplingParams(max_new_tokens=10, seed=2))
+            return p, res, rec.take_calls(), dict(rec.inner.stats)
+        finally:
+            await rec.aclose()
+
+    p, res, calls, stats = asyncio.run(go())
+    seq = p + res.token_ids
+    assert stats["tail_requests"] == 1 and len(calls) == 1
+    assert np.array_equal(res.routed_experts, forward(reference, seq)[1])
+    assert np.array_equal(calls[0].rows, res.routed_experts) and calls[0].prompt == p
 
 
 def test_stops_and_finish_reason(vllm_server):
@@ -99,7 +166,7 @@ def test_stops_and_finish_reason(vllm_server):
             k = base.index(stop_id)
             assert res.finish_reason == "stop" and res.token_ids == base[:k + 1]
             assert res.stop_reason_detail == str(stop_id)
-            assert res.routed_experts.shape[0] == len(p) + k + 1  # the stop token's row too
+            assert res.routed_experts.shape[0] == len(p) + k  # the stop token's row is owed to the next call
             text = tok.decode(base)
             stop = next(tok.decode(base[i:i + 1]) for i in range(3, 24) if tok.decode(base[i:i + 1]).strip())
             res = await eng.generate(await eng.open_session(p), [], SamplingParams(
@@ -152,7 +219,7 @@ def test_weight_sync_changes_outputs_to_the_new_weights(vllm_server, reference):
         try:
             sid = await eng.open_session(p0)
             old = await eng.generate(sid, [], params)
-            check_turn(reference, p0 + old.token_ids, 0, len(p0), old, 1.0)
+            check_turn(reference, p0 + old.token_ids, 0, len(p0), old, 1.0)  # its last row owed
             info = sync_for(eng).push(new)
             assert info["bytes"] > 1e6 and info["seconds"] > 0
             assert info["server"]  # the worker extension answered (MoE layers re-packed)
@@ -162,11 +229,12 @@ def test_weight_sync_changes_outputs_to_the_new_weights(vllm_server, reference):
                        if x == y]
             assert np.max(np.abs(changed)) > 1e-3
             check_turn(new, p0 + fresh.token_ids, 0, len(p0), fresh, 1.0)
-            # the session opened before the sync continues under the new weights (its history re-prefilled)
+            # the session opened before the sync continues under the new weights (its history re-prefilled, the
+            # owed row of its last token read under them)
             more = tok.encode("\n<|im_start|>user\nagain")
             res = await eng.generate(sid, more, params)
             seq = p0 + old.token_ids + more + res.token_ids
-            check_turn(new, seq, len(p0) + len(old.token_ids), len(more), res, 1.0)
+            check_turn(new, seq, len(p0) + len(old.token_ids), len(more), res, 1.0, owed=1)
         finally:
             sync_for(eng).push(reference)
             back = await eng.generate(await eng.open_session(p0), [], params)

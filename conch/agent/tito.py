@@ -172,7 +172,8 @@ class TokenBuilder:
         self._routing.append(rows)
 
     def routed_experts(self) -> np.ndarray | None:
-        """[len(tokens), layers, k]; tokens the engine never processed (the final ones) get -1 rows."""
+        """[len(tokens), layers, k]; tokens the engine never fed or reported (the final ones: inserted ids after the
+        last call, the last sampled token whose row the engine still owes) get -1 rows."""
         if self._routing_shape is None or not self._routing:
             return None
         arr = np.concatenate(self._routing, axis=0)

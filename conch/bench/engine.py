@@ -84,7 +84,9 @@ class ServerCounters:
         read = getattr(self.engine, "server_metrics", None)
         if read is None:
             return {}
-        return {**read(), "routed_bytes": self.engine.stats.get("routed_bytes", 0)}
+        st = self.engine.stats
+        return {**read(), "routed_bytes": st.get("routed_bytes", 0), "requests": st.get("requests", 0),
+                "tail_requests": st.get("tail_requests", 0)}
 
     def delta(self) -> dict:
         end = self._read()
@@ -95,7 +97,9 @@ class ServerCounters:
         return {"prefix_cache_hit_rate": round(h / q, 4) if q else None, "prefix_cache_queries": int(q),
                 "prompt_tokens": int(d.get("vllm:prompt_tokens_total", 0)),
                 "generation_tokens": int(d.get("vllm:generation_tokens_total", 0)),
-                "routed_experts_bytes": int(d.get("routed_bytes", 0))}
+                "routed_experts_bytes": int(d.get("routed_bytes", 0)),
+                # conch's requests: sampling ones, and ones only for routed-experts rows owed (see vllm.py)
+                "requests": int(d.get("requests", 0)), "tail_requests": int(d.get("tail_requests", 0))}
 
 
 async def timed_batch(engine, batch: int, prompt_tokens: int, new_tokens: int, vocab: int, seed: int) -> float:

@@ -70,7 +70,7 @@ import math
 import sys
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +123,10 @@ class EngineCall:
 
 class RecordingEngine:
     """Delegates to an engine and records, per asyncio task (one per episode in `run_rollouts`), what each
-    generate processed. The agent loop keeps no routing in retokenize mode; this is where the bench gets it."""
+    generate processed. The agent loop keeps no routing in retokenize mode; this is where the bench gets it.
+    `score_retokenize` compares and replays the row of every id a turn processed, its last sampled one included:
+    where the engine still owes that row (VLLMEngine, see conch/engine/base.py) a prefill-only call fetches it, and
+    the result handed on carries every row of the call, as HFEngine's does."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -140,6 +143,12 @@ class RecordingEngine:
     async def generate(self, session: int, new_token_ids: list[int], sampling: Any) -> Any:
         fed = self._prompts.pop(session, []) + [int(t) for t in new_token_ids]
         res = await self.inner.generate(session, new_token_ids, sampling)
+        rows = res.routed_experts
+        if rows is not None and rows.shape[0] < len(fed) + len(res.token_ids):
+            import numpy as np
+
+            owed = await self.inner.generate(session, [], replace(sampling, max_new_tokens=0))
+            res.routed_experts = np.concatenate([rows, owed.routed_experts])
         task = asyncio.current_task()
         assert task is not None
         self._calls.setdefault(task, []).append(EngineCall(fed, list(res.token_ids), list(res.logprobs),

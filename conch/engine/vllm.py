@@ -6,11 +6,13 @@ Why over HTTP: a user's real checkpoint is served by vLLM on GPUs; conch drives 
 How the protocol maps onto `POST /v1/completions` (prompt as token ids, `return_token_ids`, `logprobs: 0`):
 - A session is the token history kept here. Each turn sends the whole history plus the new ids; vLLM's prefix
   cache turns that into a prefill of the new tokens only (whole 32-token blocks are reused).
-- `routed_experts_prompt_start = len(history)` asks only for the rows of this call's tokens. vLLM returns
-  `[prompt + output - 1 - start, layers, top_k]` (base64 of a .npy): the last sampled token was never fed, so
-  it has no row. The contract says the call feeds it; a one-token follow-up request (the whole sequence as
-  prompt, `max_tokens` 1, start = its last position; a prefix-cache hit) fetches exactly that row, so the rows
-  are `pending + new + token_ids` as with HFEngine.
+- Routed experts: vLLM returns `[prompt + output - 1 - start, layers, top_k]` rows (base64 of a .npy) for
+  `routed_experts_prompt_start = start`: the last sampled token is never fed, so it has no row. conch does not
+  spend a request on it. The session remembers that its last token is owed (`unrouted`), and the next call asks
+  from one position earlier (`start = len(history) - unrouted`), so the owed row comes first in that call's rows
+  at no extra request: rows are `owed + pending + new + token_ids[:-1]` (base.py's alignment contract). Only the
+  session's final token stays owed; `generate(sid, [], max_new_tokens=0)` fetches it (one request, a prefix-cache
+  hit) for a caller that needs it. The rows of a whole session thus cost no request beyond its turns.
 - Log-probs are vLLM's sampler log-probs of the sampled tokens (`logprobs_mode` raw: log softmax of the model's
   logits in float32, i.e. the contract's quantity at temperature 1 and for greedy).
 - Stops: `stop_token_ids` / `stop` with `ignore_eos` (no implicit EOS) and `include_stop_str_in_output`; the
@@ -20,7 +22,8 @@ How the protocol maps onto `POST /v1/completions` (prompt as token ids, `return_
   a session continues one stream and results do not depend on the batch.
 - Weight sync (`load_weights`): conch.engine.weight_sync.VLLMDiskSync (safetensors → pause → reload → reset the
   prefix cache → resume). The reset makes every session re-prefill under the new weights; rows of that
-  re-prefill are not reported (only rows from `len(history)` are asked for).
+  re-prefill are not reported, except an owed row (the previous turn's last token): it is read under the new
+  weights, the ones every later token of the session is then computed with.
 """
 
 from __future__ import annotations
@@ -108,6 +111,7 @@ def moe_shape_from_config(model_dir: Path) -> tuple[int, int, int]:
 class _Session:
     history: list[int] = field(default_factory=list)  # every token the server has seen for this session
     pending: list[int] = field(default_factory=list)
+    unrouted: int = 0  # trailing history tokens whose routed-experts rows are owed (the last sampled one, unfed)
     busy: bool = False
 
 
@@ -184,7 +188,7 @@ class VLLMEngine:
         if s.busy:
             raise RuntimeError(f"session {session} already has a generate in flight")
         new = s.pending + [int(t) for t in new_token_ids]
-        start = len(s.history)
+        start = len(s.history) - (s.unrouted if self.capture else 0)  # first position whose row is asked for
         prompt = s.history + new
         if not prompt:
             raise ValueError(f"session {session}: nothing to condition on (empty prompt and no new ids)")
@@ -199,13 +203,18 @@ class VLLMEngine:
             s.busy = False
         s.pending = []
         s.history = prompt + res.token_ids
+        if res.routed_experts is not None:
+            s.unrouted = len(s.history) - start - res.routed_experts.shape[0]
         res.seconds = time.perf_counter() - t0
         return res
 
     async def _generate(self, prompt: list[int], start: int, n_new: int, p: SamplingParams) -> GenerateResult:
+        """Sample after `prompt`; rows of prompt[start:] and of the sampled ids but the last (never fed)."""
         max_tokens = min(p.max_new_tokens, self.max_positions - len(prompt))
-        if max_tokens <= 0:  # nothing to sample: only feed the new ids
-            rows = await self._rows(prompt, start) if self.capture else None
+        if max_tokens <= 0:  # nothing to sample: only feed the new ids (and hand over an owed row)
+            rows = None
+            if self.capture:
+                rows = await self._rows(prompt, start) if start < len(prompt) else self._no_rows()
             return GenerateResult([], [], "length", rows, prompt_tokens=n_new)
         body = self._body(prompt, start, max_tokens, p)
         choice = (await self.http.acall("POST", "/v1/completions", body))["choices"][0]
@@ -220,10 +229,9 @@ class VLLMEngine:
         self.stats["tokens_sampled"] += len(ids)
         rows = None
         if self.capture:
-            rows = self._check_rows(choice, len(prompt) + len(ids) - 1 - start)
-            rows = rows[: len(prompt) + len(ids) - 1 - start]
-            if ids:  # the last sampled token's row (the server never fed it)
-                rows = np.concatenate([rows, await self._rows(prompt + ids, len(prompt) + len(ids) - 1)])
+            end = len(prompt) + len(ids)  # the session's length after this call
+            # the server fed every token but the last one it sampled; ids cut at a stop string may leave it fed
+            rows = self._check_rows(choice, end - start - (1 if ids else 0))[: end - start]
         return GenerateResult(ids, lps, finish, rows, prompt_tokens=n_new, stop_reason_detail=detail)
 
     def _body(self, prompt: list[int], start: int, max_tokens: int, p: SamplingParams) -> dict:
@@ -244,8 +252,11 @@ class VLLMEngine:
             body["routed_experts_prompt_start"] = start
         return body
 
+    def _no_rows(self) -> np.ndarray:
+        return np.zeros((0, self.num_moe_layers, self.top_k), np.uint8 if self.num_experts <= 256 else np.int16)
+
     async def _rows(self, seq: list[int], start: int) -> np.ndarray:
-        """Rows of seq[start:] (a prefix-cache hit plus one sampled token that is thrown away)."""
+        """Rows of seq[start:], all fed (a prefix-cache hit plus one sampled token that is thrown away)."""
         body = {"model": self.model_name, "prompt": seq, "max_tokens": 1, "temperature": 0.0,
                 "routed_experts_prompt_start": start, "ignore_eos": True}
         choice = (await self.http.acall("POST", "/v1/completions", body))["choices"][0]

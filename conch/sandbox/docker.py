@@ -34,6 +34,7 @@ from typing import Any
 from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec, ShellSession
 from conch.sandbox import docker_images as images
 from conch.sandbox.disk_watch import DiskWatch, watch_container
+from conch.sandbox.exec_marker import UntilMarker, new_nonce, wrapped_argv
 from conch.sandbox.docker_files import extract_download as _extract_download
 from conch.sandbox.docker_files import get_archive as _get_archive
 from conch.sandbox.docker_files import tar_for_upload as _tar_for_upload
@@ -85,10 +86,12 @@ def owner_label() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{_proc_start(os.getpid()) or ''}"
 
 
-async def _read_frames(reader: asyncio.StreamReader, sinks: dict[int, Any], feed: str = "feed") -> None:
-    """Demultiplex the engine's stdout(1)/stderr(2) frames from `reader` into `getattr(sinks[n], feed)`."""
+async def _read_frames(reader: asyncio.StreamReader, sinks: dict[int, Any], feed: str = "feed",
+                       done: Any = None) -> None:
+    """Demultiplex the engine's stdout(1)/stderr(2) frames from `reader` into `getattr(sinks[n], feed)`, until
+    the stream ends or `done()` is true."""
     calls = {n: getattr(sink, feed) for n, sink in sinks.items()}
-    while True:
+    while done is None or not done():
         try:
             header = await reader.readexactly(8)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -147,26 +150,35 @@ class _Finished:
     guard_hit: bool  # the host-side guard fired: the stream did not end in time
 
 
-async def _run_once(api: Any, container: str, argv: list[str], timeout: float, cwd: str | None = None,
+async def _run_once(api: Any, container: str, command: str, timeout: float, cwd: str | None = None,
                     env: dict[str, str] | None = None, output_cap: int = DEFAULT_OUTPUT_CAP) -> _Finished:
-    """Create, start and read one exec (no stdin) to its end, or until `timeout` (host side) has passed."""
+    """Run `bash -c command` under `timeout -s KILL timeout` in one exec, read until the command's end markers
+    (exec_marker.py: background children may hold the stream open for seconds) or the host guard fires."""
+    nonce = new_nonce()
     try:
-        created = await _call(api.exec_create, container, argv, environment=env or None,
-                                          workdir=cwd or None)
+        created = await _call(api.exec_create, container, wrapped_argv(command, timeout), stdin=True,
+                              environment=env or None, workdir=cwd or None)
     except Exception as exc:  # noqa: BLE001 - the engine's reason is in the message
         raise SandboxError(f"cannot run a command in container {container}: {exc}") from exc
     out, err = CappedBuffer(output_cap), CappedBuffer(output_cap)
+    marks = {1: UntilMarker(out, nonce), 2: UntilMarker(err, nonce)}
     reader, writer = await _hijack(api, created["Id"])
     guard_hit = False
     try:
-        writer.write_eof()  # no stdin
-        # When background children hold the output, the engine ends the stream (and reports the exit code)
-        # about 2 s after the command exited: the exit code is only known then, so that wait is kept.
-        await asyncio.wait_for(_read_frames(reader, {1: out, 2: err}), timeout)
+        writer.write(nonce.encode() + b"\n")
+        writer.write_eof()  # the command's stdin is empty
+        await asyncio.wait_for(_read_frames(reader, marks, done=lambda: marks[1].seen and marks[2].seen),
+                               timeout + HOST_GRACE_S)
     except asyncio.TimeoutError:
         guard_hit = True
     finally:
         writer.close()
+    for mark in marks.values():
+        mark.flush()
+    if marks[1].seen and marks[2].seen:
+        return _Finished(out, err, marks[1].status, False)
+    # No markers (the wrapper was killed, or the box stopped): the engine reports the exit code once the
+    # stream has ended, which background children holding it can delay by about 2 s.
     code, pid = await _exit_code(api, created["Id"], tries=3 if guard_hit else 100)
     if guard_hit and code is None:
         _kill_host_pid(pid)
@@ -210,7 +222,7 @@ class DockerShellTransport:
             self.stderr.feed_eof()
 
     async def control(self, script: str) -> None:
-        await _run_once(self._api, self._container, ["bash", "-c", script], timeout=10.0)
+        await _run_once(self._api, self._container, script, timeout=10.0)
 
     async def wait_exit(self) -> None:
         """Returns when bash exits (seen through its host pid with a local engine; else when the stream ends)."""
@@ -398,9 +410,7 @@ class DockerSandbox:
         api, container = self._require()
         t0 = time.monotonic()
         # `timeout` kills the command's whole process group inside the box; the host guard is a backstop.
-        argv = ["timeout", "-s", "KILL", f"{max(timeout, 0.001):.3f}", "bash", "-c", command]
-        done = await _run_once(api, container, argv, timeout + HOST_GRACE_S, cwd=cwd, env=env,
-                               output_cap=output_cap)
+        done = await _run_once(api, container, command, timeout, cwd=cwd, env=env, output_cap=output_cap)
         seconds = time.monotonic() - t0
         timed_out = done.guard_hit or (done.exit_code == 137 and seconds >= timeout)
         stderr = done.stderr.render().decode("utf-8", "replace")

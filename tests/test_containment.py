@@ -117,13 +117,20 @@ def test_disk_fill_is_contained(base_root):
     assert alive.stdout == "freed\n"
 
 
+def _cpu_quota(cg) -> list[str]:
+    """[quota, period] in microseconds, from cgroup v2's cpu.max or v1's cfs files."""
+    if (cg / "cpu.max").exists():
+        return (cg / "cpu.max").read_text().split()
+    return [(cg / f"cpu.cfs_{k}_us").read_text().strip() for k in ("quota", "period")]
+
+
 def test_cpu_quota(base_root):
     async def burn(box):
         r = await box.exec(
             "python3 -c 'import time,os\nt=time.time()\nwhile time.time()-t<1.5: pass\n"
             "c=os.times(); print((c.user+c.system)/(time.time()-t))'", timeout=30)
         paths = [p for p in box._cgroups.paths if (p / "cpu.stat").exists()]
-        return r, [(p / "cpu.max").read_text().split() for p in paths], [(p / "cpu.stat").read_text() for p in paths]
+        return r, [_cpu_quota(p) for p in paths], [(p / "cpu.stat").read_text() for p in paths]
 
     r, quotas, stats = run(with_box(burn, Limits(cpus=0.2), name="cpu"))
     assert quotas and quotas[0] == ["20000", "100000"], quotas

@@ -34,6 +34,10 @@ def run(args: argparse.Namespace) -> int:
 
     from conch.cli import UsageError
     from conch.config import ConfigError, load_config
+    from conch.rl.learner_group import follow, is_follower
+
+    if is_follower():  # torchrun rank > 0: rank 0 drives the run and sends this rank the learner's calls
+        return follow()
 
     if args.against:
         args.overrides = [*args.overrides, f"corpus.decontam_against={args.against}"]

@@ -131,12 +131,12 @@ def read_json(path: Path, what: str) -> Any | None:
         return None
 
 
-def publish_model(model: Any, tokenizer: Any, out: Path) -> Path:
+def publish_model(model: Any, tokenizer: Any, out: Path, state_dict: dict | None = None) -> Path:
     """Write a loadable model folder (HF format) at `out`, replacing any old one: written beside it, then
-    renamed, so `out` is never a half-written model."""
+    renamed, so `out` is never a half-written model. `state_dict`: the full weights of a sharded `model`."""
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    _save_model(model, tokenizer, tmp)
+    _save_model(model, tokenizer, tmp, state_dict)
     old = out.with_name(f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
     if out.exists():
         os.rename(out, old)
@@ -257,13 +257,13 @@ def _remove_stale_temps(root: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def _save_model(model: Any, tokenizer: Any, out: Path) -> str:
+def _save_model(model: Any, tokenizer: Any, out: Path, state_dict: dict | None = None) -> str:
     out.mkdir(parents=True)
     if hasattr(model, "save_pretrained"):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        model.save_pretrained(str(out))
+        model.save_pretrained(str(out), **({"state_dict": state_dict} if state_dict is not None else {}))
         fmt = "hf"
     else:
         torch.save(model.state_dict(), out / "state_dict.pt")

@@ -20,7 +20,8 @@ then `latest` is replaced atomically (write tmp + fsync + rename). `latest_compl
 the highest-iteration dir whose manifest parses and whose files all exist with the recorded sizes. `latest` is
 for humans and external tools (`conch eval $(cat RUN/checkpoints/latest)`-style use).
 
-Single writer: one trainer process (rank 0) saves; sharded/distributed optimizer state is out of scope here.
+Single writer: one trainer process saves here; the learner on N ranks writes DCP shards with the same protocol
+(`rl/sharded_checkpoint.py`).
 """
 
 from __future__ import annotations

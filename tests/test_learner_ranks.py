@@ -4,7 +4,8 @@
 - `conch train` end to end on 2 ranks started by torchrun writes DCP-sharded checkpoints that hold the
   published weights (and that a one-process learner reads);
 - a follower that conch started itself, killed mid-run stops the run with an error naming the rank (no hang), and `--resume` continues
-  from the last complete iteration.
+  from the last complete iteration;
+- a follower whose rank 0 died exits instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -166,3 +168,29 @@ def test_learner_ranks_config_errors(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="cluster.learner_ranks = 2, but torchrun started 4"):
         check_ranks(load_config(None, ["cluster.learner_ranks=2"]))
     check_ranks(load_config(None, ["cluster.learner_ranks=4"]))
+
+
+def _exited(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def test_followers_exit_when_rank_0_dies(tmp_path):
+    """A follower idle between calls (rank 0 rolling out) leaves when rank 0's store goes away: no orphan."""
+    code = ("import os, sys\nfrom pathlib import Path\nfrom conch.config import load_config\n"
+            "from conch.rl.learner_group import Group\n"
+            "g = Group.start(load_config(None, ['cluster.learner_ranks=2']), Path(sys.argv[1]))\n"
+            "print(g.procs[0].pid, flush=True)\nos._exit(3)\n")
+    out, err = tmp_path / "out", tmp_path / "err"  # files, not pipes: the follower holds them open too
+    with open(out, "w") as fo, open(err, "w") as fe:
+        rc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], stdout=fo, stderr=fe, timeout=300).returncode
+    assert rc == 3, err.read_text()[-3000:]
+    pid = int(out.read_text().split()[0])
+    deadline = time.monotonic() + 120  # a generous bound on a busy machine; it exits within a second
+    while not _exited(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not _exited(pid):
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"follower {pid} still running after rank 0 died")

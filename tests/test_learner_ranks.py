@@ -1,10 +1,10 @@
 """The learner over 2 gloo ranks (`cluster.learner_ranks = 2`, conch/rl/learner_group.py), as real processes.
 
-- rank 0's learner (every call announced to a follower process) makes exactly the one-process update;
+- rank 0's learner (every call announced to a follower process) makes the one-process update;
 - `conch train` end to end on 2 ranks started by torchrun writes DCP-sharded checkpoints that hold the
   published weights (and that a one-process learner reads);
-- a follower that conch started itself, killed mid-run stops the run with an error naming the rank (no hang), and `--resume` continues
-  from the last complete iteration;
+- a follower that conch started itself, killed mid-run, stops the run with an error naming the rank (no
+  hang), and `--resume` continues from the last complete iteration;
 - a follower whose rank 0 died exits instead of waiting forever.
 """
 

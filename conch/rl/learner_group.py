@@ -35,7 +35,9 @@ import torch.distributed as dist
 
 from conch.config import Config, ConfigError
 
-_POLL = timedelta(seconds=5)  # followers re-check a quiet store this often (no deadline overall)
+# A follower's wait for the next call: long (rank 0 may roll out for hours; c10d logs each wait that times out,
+# and the socket's poll takes int32 milliseconds), and it ends at once with an error if rank 0's store goes away.
+_POLL = timedelta(days=7)
 
 
 class LearnerRankError(RuntimeError):
@@ -123,12 +125,9 @@ class Group:
         for r in range(1, self.world):
             while True:
                 self._check_alive("start")
-                try:
-                    self.store.wait([f"joined/{r}"], timedelta(seconds=1))
+                if self.store.check([f"joined/{r}"]):  # not store.wait: c10d logs every wait that times out
                     break
-                except dist.DistStoreError as exc:
-                    if "timeout" not in str(exc).lower():
-                        raise
+                time.sleep(0.1)
                 if time.monotonic() > deadline:
                     self.broken = True
                     self.abort()

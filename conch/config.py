@@ -235,6 +235,14 @@ class ClusterConfig:
     worker_resources: dict = opt({}, "ray: custom resources per rollout worker, e.g. {sandbox_node = 1} so the "
                                      "sandbox pools land on the nodes started with --resources='{\"sandbox_node\": 64}'")
     start_timeout: float = opt(120.0, "ray: seconds to wait for every rollout worker to be placed and started", gt=0)
+    learner_ranks: int = opt(1, "data-parallel learner ranks (FSDP2; gloo on CPU, NCCL with model.trainer_device = "
+                                "cuda, one GPU per rank on this node): 1 trains in this process; N > 1 starts N-1 "
+                                "follower processes here; under torchrun the ranks come from WORLD_SIZE (leave 1 or "
+                                "match it). Each optimizer step's micro-batches (ppo.grad_accum) are split over the "
+                                "ranks, so a multiple of N keeps every rank busy. N > 1 writes sharded checkpoints "
+                                "(torch.distributed.checkpoint; docs/cluster.md)", ge=1)
+    learner_timeout: float = opt(600.0, "learner ranks: seconds one collective waits for a rank before the run stops "
+                                        "with an error (a rank that exits is noticed at once)", gt=0)
 
 
 @dataclass

@@ -20,7 +20,8 @@ then `latest` is replaced atomically (write tmp + fsync + rename). `latest_compl
 the highest-iteration dir whose manifest parses and whose files all exist with the recorded sizes. `latest` is
 for humans and external tools (`conch eval $(cat RUN/checkpoints/latest)`-style use).
 
-Single writer: one trainer process (rank 0) saves; sharded/distributed optimizer state is out of scope here.
+Single writer: one trainer process saves here; the learner on N ranks writes DCP shards with the same protocol
+(`rl/sharded_checkpoint.py`).
 """
 
 from __future__ import annotations
@@ -131,12 +132,12 @@ def read_json(path: Path, what: str) -> Any | None:
         return None
 
 
-def publish_model(model: Any, tokenizer: Any, out: Path) -> Path:
+def publish_model(model: Any, tokenizer: Any, out: Path, state_dict: dict | None = None) -> Path:
     """Write a loadable model folder (HF format) at `out`, replacing any old one: written beside it, then
-    renamed, so `out` is never a half-written model."""
+    renamed, so `out` is never a half-written model. `state_dict`: the full weights of a sharded `model`."""
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    _save_model(model, tokenizer, tmp)
+    _save_model(model, tokenizer, tmp, state_dict)
     old = out.with_name(f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
     if out.exists():
         os.rename(out, old)
@@ -257,13 +258,13 @@ def _remove_stale_temps(root: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def _save_model(model: Any, tokenizer: Any, out: Path) -> str:
+def _save_model(model: Any, tokenizer: Any, out: Path, state_dict: dict | None = None) -> str:
     out.mkdir(parents=True)
     if hasattr(model, "save_pretrained"):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        model.save_pretrained(str(out))
+        model.save_pretrained(str(out), **({"state_dict": state_dict} if state_dict is not None else {}))
         fmt = "hf"
     else:
         torch.save(model.state_dict(), out / "state_dict.pt")

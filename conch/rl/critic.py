@@ -33,7 +33,7 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        return self.head(hidden.float()).squeeze(-1)
+        return self.head(hidden.float()).squeeze(-1).clone()  # not a view: FSDP2 hooks its output for backward
 
     def save(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)

@@ -86,6 +86,12 @@ class Learner:
         return full_state_dict(self.policy)
 
     def save(self, run_dir: Path, iteration: int) -> Path:
+        """A checkpoint of iteration `iteration`: HF model folders in one process; DCP shards over ranks (every
+        rank calls it, `rl/sharded_checkpoint.py`)."""
+        if self.dp[1] > 1:
+            from conch.rl.sharded_checkpoint import save_sharded
+
+            return save_sharded(run_dir, iteration, *self._parts(), keep=self.cfg.ppo.keep_checkpoints)
         from conch.rl.checkpoint import save_checkpoint
 
         return save_checkpoint(run_dir, iteration, self.policy, tokenizer=self.tokenizer,
@@ -94,15 +100,53 @@ class Learner:
                                overwrite=True)
 
     def load(self, path: Path) -> int:
-        """Restore a checkpoint (policy, critic, optimizers, RNG); returns its iteration."""
-        from conch.rl.checkpoint import load_checkpoint
+        """Restore a checkpoint (policy, critic, optimizers, RNG); returns its iteration. A sharded checkpoint
+        loads into any number of ranks; a one-process checkpoint only into one process."""
+        from conch.rl.checkpoint import CheckpointError, load_checkpoint
+        from conch.rl.sharded_checkpoint import is_sharded, load_sharded
 
+        if is_sharded(path):
+            return load_sharded(path, *self._parts())
+        if self.dp[1] > 1:
+            raise CheckpointError(f"{path} was written by a one-process learner; resume it with "
+                                  f"cluster.learner_ranks = 1")
         info = load_checkpoint(path, model=self.policy, optimizer={"policy": self.opt_pi, "critic": self.opt_v},
                                aux_models={"critic": self.critic})
         return info.iteration
 
+    def _parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return {"policy": self.policy, "critic": self.critic}, {"policy": self.opt_pi, "critic": self.opt_v}
+
     def save_critic(self, path: Path) -> None:
-        torch.save(self.critic.state_dict(), path)
+        """The warmed-up critic, whole (the same file whatever the number of ranks; rank 0 writes it)."""
+        from conch.rl.distributed import full_state_dict
+
+        state = full_state_dict(self.critic)
+        if self.dp[0] == 0:
+            torch.save(state, path)
 
     def load_critic(self, path: Path) -> None:
-        self.critic.load_state_dict(torch.load(path, weights_only=True))
+        if self.dp[1] == 1:
+            self.critic.load_state_dict(torch.load(path, weights_only=True))
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        state = torch.load(path, weights_only=True) if self.dp[0] == 0 else {}
+        set_model_state_dict(self.critic, state, options=StateDictOptions(full_state_dict=True,
+                                                                          broadcast_from_rank0=True))
+
+    def publish(self, out: Path) -> Path:
+        """The policy as a plain HF folder at `out` (for `conch eval --model`), gathered whole when sharded."""
+        from conch.rl.checkpoint import publish_model
+
+        if self.dp[1] == 1:
+            return publish_model(self.policy, self.tokenizer, out)
+        from conch.rl.distributed import full_state_dict
+
+        state = full_state_dict(self.policy)
+        if self.dp[0] == 0:
+            publish_model(self.policy, self.tokenizer, out, state_dict=state)
+        return out
+
+    def close(self) -> None:
+        """Nothing to stop in one process (rank 0's `DriverLearner` stops its followers here)."""

@@ -51,8 +51,10 @@ def check_config(cfg: Config) -> None:
     """Fail before any work when the config cannot run: a missing path, a folder without tasks, routing replay on
     a dense model (conch/preflight.py)."""
     from conch.preflight import check_model_dir, check_train_paths
+    from conch.rl.learner_group import check_ranks
 
     check_train_paths(cfg)
+    check_ranks(cfg)
     if cfg.ppo.routing_replay and cfg.model.path:
         cfg_file = Path(cfg.model.path) / "config.json"
         if not cfg_file.exists():
@@ -95,8 +97,8 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     from conch.agent.tito import ChatCodec
     from conch.model.loading import load_policy
     from conch.moe.routing import moe_layer_count
-    from conch.rl.checkpoint import latest_complete, publish_model
-    from conch.rl.learner import Learner
+    from conch.rl.checkpoint import latest_complete
+    from conch.rl.learner_group import make_learner
     from conch.report.hooks import RunRecorder
     from conch.rl.metrics import MetricsLogger
     from conch.tasks.synth.trajectories import BASH_TOOL
@@ -121,13 +123,13 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
                             wandb_mode=cfg.run.wandb_mode)
     recorder = RunRecorder(run_dir, metrics, cfg.run.keep_rollouts, seed=cfg.run.seed, sft_steps=cfg.sft.steps)
     evals = Evals(cfg, run_dir, engine, codec, recorder)
-    source = None
+    source = learner = None
     try:
         evals["init"] = await evals.run("init", eval_tasks, seed=11)                # the untrained model
         evals["heldout_init"] = await evals.run("heldout_init", heldout_tasks, seed=12)
 
         policy = sft_stage(cfg, run_dir, policy, tok, codec, corpus, pad_id, recorder)  # warm start 1: SFT
-        learner = Learner(cfg, policy, tok, pad_id)
+        learner = make_learner(cfg, policy, tok, pad_id, model_dir, run_dir)  # N ranks: cluster.learner_ranks
         evals.weights = learner.weights
         evals["warm"] = await evals.run("warm", eval_tasks, seed=11)
         evals["heldout_warm"] = await evals.run("heldout_warm", heldout_tasks, seed=12)
@@ -149,13 +151,15 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
             log(f"metrics.jsonl: dropped {dropped} row(s) from iteration {start_it} on, logged after the last checkpoint")
         stopped_early = await ppo(cfg, run_dir, learner, source, pool, evals, eval_tasks, metrics, start_it, t_start,
                                   recorder)
-        publish_model(learner.policy, tok, run_dir / "final")  # the trained policy, for `conch eval --model`
+        learner.publish(run_dir / "final")  # the trained policy, whole, for `conch eval --model`
 
         evals["final"] = await evals.run("final", eval_tasks, seed=11)               # final evaluation
         evals["heldout_final"] = await evals.run("heldout_final", heldout_tasks, seed=12)
         final_mismatch = last_mismatch(run_dir)
     finally:
         metrics.close()
+        if learner is not None:
+            learner.close()  # the follower ranks (stopped already if one failed)
         if source is not None and getattr(source, "engine", None) is not engine:
             await source.aclose()  # Ray workers; the local source shares `engine`, closed below
         await engine.aclose()

@@ -124,6 +124,21 @@ def _clip_grads(model: Any, max_norm: float) -> float:
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
+def _gather_stats(stats: list[LossStats], world: int) -> list[LossStats]:
+    """Every rank's micro-batch stats, so the logged means cover the whole batch as in one process."""
+    if world == 1:
+        return stats
+    import dataclasses
+
+    import torch.distributed as dist
+
+    mine = [LossStats(**{f.name: (v.detach().cpu() if isinstance(v := getattr(s, f.name), torch.Tensor) else v)
+                         for f in dataclasses.fields(LossStats)}) for s in stats]
+    parts: list = [None] * world
+    dist.all_gather_object(parts, mine)
+    return [s for part in parts for s in part]
+
+
 def ppo_update(
     policy: Any, critic: Any, opt_pi: Any, opt_v: Any, prepared: list[Prepared], pad_id: int, replay: bool,
     loss_cfg: LossConfig, epochs: int, micro_batch: int, grad_accum: int, max_grad_norm: float,
@@ -194,6 +209,7 @@ def ppo_update(
     policy.eval()
     if critic is not None:
         critic.eval()
+    stats = _gather_stats(stats, world)
     out: dict[str, float] = LossStats.mean(stats) if stats else {}
     if grad_norms_pi:
         out["train/grad_norm_policy"] = sum(grad_norms_pi) / len(grad_norms_pi)

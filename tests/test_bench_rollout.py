@@ -17,6 +17,7 @@ def test_bench_rollout_quick_json(base_root, capsys):
     for row in (r, e, s):
         assert row["seconds"] > 0 and row["tokens_per_s"] > 0 and row["turns_per_s"] > 0
         assert 0 < row["engine_busy"] <= 1.0 and row["tokens_per_step"] > 0 and row["forward_ms_per_step"] > 0
+        assert 0 < row["client_cpu_s"] and 0 < row["host_cpu_s"]  # the in-process engine's work is the client's
     # Every turn ran the real command in its sandbox; the engine-only replay did exactly the same token work.
     assert r["sessions"] == e["sessions"] == c and r["turns"] == e["turns"] == r["env_steps"] == c * turns
     assert r["steps_per_s"] > 0 and s["steps_per_s"] > 0 and e["env_steps"] == 0

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -72,6 +73,8 @@ class Phase:
     seconds: float
     forward_seconds: float
     engine_steps: int
+    client_cpu_s: float = 0.0  # CPU seconds of this process (agent loop, tokenizer, HTTP client or HF engine)
+    host_cpu_s: float = 0.0  # CPU seconds of the whole host: sandboxes and a vLLM server included
 
     def row(self) -> dict:
         s = self.seconds or float("nan")
@@ -83,16 +86,30 @@ class Phase:
             "engine_busy": round(self.forward_seconds / s, 3),
             "tokens_per_step": round(self.sampled_tokens / max(1, self.engine_steps), 2),
             "forward_ms_per_step": round(1000 * self.forward_seconds / max(1, self.engine_steps), 2),
+            "client_cpu_s": round(self.client_cpu_s, 2), "host_cpu_s": round(self.host_cpu_s, 2),
         }
 
 
-async def _timed(engine: Any, coro_factory: Callable[[], Awaitable[Any]]) -> tuple[Any, float, float, int]:
-    # a vLLM server's steps are not visible here: its forward seconds and steps read 0
+def host_busy_seconds() -> float:
+    """CPU seconds the host has spent busy (all cores, /proc/stat), or 0 where there is no /proc/stat."""
+    try:
+        fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+async def _timed(engine: Any, coro_factory: Callable[[], Awaitable[Any]]) -> tuple[Any, float, float, int, tuple]:
+    """The coroutine's result, wall seconds, engine forward seconds and steps (a vLLM server's are not visible
+    here: they read 0), and (client, host) CPU seconds over it: where the cores went."""
     f0, n0 = engine.stats.get("forward_seconds", 0.0), engine.stats.get("steps", 0)
+    c0, h0 = time.process_time(), host_busy_seconds()
     t0 = time.perf_counter()
     out = await coro_factory()
     seconds = time.perf_counter() - t0
-    return out, seconds, engine.stats.get("forward_seconds", 0.0) - f0, engine.stats.get("steps", 0) - n0
+    cpu = (time.process_time() - c0, host_busy_seconds() - h0)
+    return out, seconds, engine.stats.get("forward_seconds", 0.0) - f0, engine.stats.get("steps", 0) - n0, cpu
 
 
 def _plan(traj: Any) -> list[tuple[list[int], int]]:
@@ -147,12 +164,12 @@ async def _replay(engine: Any, plans: list[list[tuple[list[int], int]]], seed: i
     await asyncio.gather(*(one(i, p) for i, p in enumerate(plans)))
 
 
-def _traj_phase(trajs: list[Any], seconds: float, fwd: float, steps: int) -> Phase:
+def _traj_phase(trajs: list[Any], seconds: float, fwd: float, steps: int, cpu: tuple) -> Phase:
     return Phase(
         sessions=len(trajs), sampled_tokens=sum(t.num_sampled for t in trajs),
         fed_tokens=sum(len(fed) for t in trajs for fed, _ in _plan(t)), turns=sum(len(t.turns) for t in trajs),
         env_steps=sum(1 for t in trajs for turn in t.turns if turn.command is not None),
-        seconds=seconds, forward_seconds=fwd, engine_steps=steps,
+        seconds=seconds, forward_seconds=fwd, engine_steps=steps, client_cpu_s=cpu[0], host_cpu_s=cpu[1],
     )
 
 
@@ -190,22 +207,22 @@ async def _bench(args: argparse.Namespace) -> dict:
         plans = None
         trajs = []
         for rep in range(max(1, args.repeats)):
-            got, sec, fwd, steps = await _timed(
+            got, sec, fwd, steps, cpu = await _timed(
                 engine, lambda: _episodes(engine, codec, shells, cfg, args.seed, list(range(c)), True))
-            rollouts.append(_traj_phase(got, sec, fwd, steps))
+            rollouts.append(_traj_phase(got, sec, fwd, steps, cpu))
             if plans is None:
                 trajs, plans = got, [_plan(t) for t in got]
             print(f"rollout run {rep + 1}: {rollouts[-1].row()['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
-            _, sec, fwd, steps = await _timed(engine, lambda: _replay(engine, plans, args.seed))
+            _, sec, fwd, steps, cpu = await _timed(engine, lambda: _replay(engine, plans, args.seed))
             engine_only.append(Phase(
                 sessions=c, sampled_tokens=sum(n for p in plans for _, n in p),
                 fed_tokens=sum(len(f) for p in plans for f, _ in p), turns=sum(len(p) for p in plans), env_steps=0,
-                seconds=sec, forward_seconds=fwd, engine_steps=steps))
+                seconds=sec, forward_seconds=fwd, engine_steps=steps, client_cpu_s=cpu[0], host_cpu_s=cpu[1]))
             print(f"engine-only run {rep + 1}: {engine_only[-1].row()['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
 
-        got, sec, fwd, steps = await _timed(
+        got, sec, fwd, steps, cpu = await _timed(
             engine, lambda: _episodes(engine, codec, shells, cfg, args.seed, list(range(n_seq)), False))
-        sequential = _traj_phase(got, sec, fwd, steps)
+        sequential = _traj_phase(got, sec, fwd, steps, cpu)
         print(f"sequential: {sequential.row()['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
         server = counters.delta()
     finally:

@@ -5,8 +5,8 @@ What it measures, on a local Ray cluster (this machine):
   1, 2, 4 workers; the ideal time is the best a perfect scheduler could do with the episodes' own durations:
   max(longest episode, total episode time / slots);
 - fault: one worker killed while it has episodes in flight; every scheduled (task, sample) must come back once;
-- async: PPO iterations of the real driver (`rl/train.ppo`) with `off_policy_steps` 0 and 1, the rollout
-  sized to take about as long as the update;
+- async: PPO iterations of the real driver (`rl/train.ppo`) with `off_policy_steps` 0 and 1, the commands'
+  sleep calibrated (one iteration first) so the rollout takes about as long as the update;
 - sync: seconds and bytes to push the policy to every worker.
 """
 
@@ -113,7 +113,9 @@ async def _fault_run(args: argparse.Namespace, model_dir: Path, agent: Any, task
             "duplicated": len(got) - len(set(got)) + src.last["duplicated"]}
 
 
-async def _async_runs(args: argparse.Namespace, model_dir: Path, tasks: list, tmp: Path) -> tuple[dict, dict]:
+async def _ppo_rows(args: argparse.Namespace, model_dir: Path, tasks: list, run_dir: Path, steps: int,
+                    iterations: int, sleep: float) -> tuple[list[dict], float]:
+    """PPO iterations of the real driver on 2 Ray workers: (metrics rows, wall seconds)."""
     from conch.config import load_config
     from conch.model.loading import load_policy
     from conch.rl.learner import Learner
@@ -121,42 +123,53 @@ async def _async_runs(args: argparse.Namespace, model_dir: Path, tasks: list, tm
     from conch.cluster.ray_rollout import RayRolloutSource
     from conch.rl.train import ppo
 
-    result: dict[str, float] = {}
+    cfg = load_config(overrides=[
+        "cluster.backend=ray", "cluster.rollout_workers=2", f"cluster.sandboxes_per_worker={args.slots}",
+        "cluster.worker_cpus=0.01", f"ppo.off_policy_steps={steps}", f"ppo.iterations={iterations}",
+        "ppo.tasks_per_iter=1", f"ppo.n_per_task={2 * args.slots}", "ppo.micro_batch=4", "ppo.grad_accum=2",
+        "ppo.epochs=2", "ppo.checkpoint_every=1000", f"agent.max_turns={args.turns}", "agent.max_new_tokens=8",
+        "run.time_budget_minutes=0"])
+    loaded = load_policy(model_dir)
+    learner = Learner(cfg, loaded.model, loaded.tokenizer, pad_id=loaded.tokenizer.pad_token_id or 0)
+    source = RayRolloutSource(model_dir, EngineOptions(), _agent(args, sleep), cfg.cluster)
+    run_dir.mkdir()
+    metrics = MetricsLogger(run_dir)
+    try:
+        t0 = time.monotonic()
+        await ppo(cfg, run_dir, learner, source, tasks, None, [], metrics, 0, t0)
+        total = time.monotonic() - t0
+    finally:
+        metrics.close()
+        await source.aclose()
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()], total
+
+
+async def _async_runs(args: argparse.Namespace, model_dir: Path, tasks: list, tmp: Path) -> tuple[dict, dict]:
+    """Overlap pays most when rollout and update take equally long, so one calibration iteration measures both
+    and the commands' sleep is set to make the rollout last about as long as the update (`--sleep` otherwise)."""
+    rows, _ = await _ppo_rows(args, model_dir, tasks, tmp / "calibrate", 0, 1, args.sleep)
+    update_s, rollout_s = rows[-1]["time/update_s"], rows[-1]["time/rollout_s"]
+    overhead = max(0.0, rollout_s - args.turns * args.sleep)  # sampling, sandbox start, verification
+    sleep = round(max(0.1, (update_s - overhead) / args.turns), 2)
+    result: dict[str, float] = {"sleep_s": sleep}
     sync: dict[str, float] = {}
     for steps in (0, 1):
-        cfg = load_config(overrides=[
-            "cluster.backend=ray", "cluster.rollout_workers=2", f"cluster.sandboxes_per_worker={args.slots}",
-            "cluster.worker_cpus=0.01", f"ppo.off_policy_steps={steps}", f"ppo.iterations={args.iterations}",
-            "ppo.tasks_per_iter=1", f"ppo.n_per_task={2 * args.slots}", "ppo.micro_batch=4", "ppo.grad_accum=2",
-            "ppo.epochs=2", "ppo.checkpoint_every=1000", f"agent.max_turns={args.turns}", "agent.max_new_tokens=8",
-            "run.time_budget_minutes=0"])
-        loaded = load_policy(model_dir)
-        learner = Learner(cfg, loaded.model, loaded.tokenizer, pad_id=loaded.tokenizer.pad_token_id or 0)
-        source = RayRolloutSource(model_dir, EngineOptions(), _agent(args), cfg.cluster)
-        run_dir = tmp / f"async{steps}"
-        run_dir.mkdir()
-        metrics = MetricsLogger(run_dir)
-        try:
-            t0 = time.monotonic()
-            await ppo(cfg, run_dir, learner, source, tasks, None, [], metrics, 0, t0)
-            total = time.monotonic() - t0
-        finally:
-            metrics.close()
-            await source.aclose()
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        result[f"{'async' if steps else 'sync'}_iteration_s"] = round(total / max(1, len(rows)), 2)
-        result[f"{'async' if steps else 'sync'}_update_s"] = round(sum(r["time/update_s"] for r in rows) / len(rows), 2)
+        rows, total = await _ppo_rows(args, model_dir, tasks, tmp / f"async{steps}", steps, args.iterations, sleep)
+        mode = "async" if steps else "sync"
+        result[f"{mode}_iteration_s"] = round(total / max(1, len(rows)), 2)
+        result[f"{mode}_update_s"] = round(sum(r["time/update_s"] for r in rows) / len(rows), 2)
+        result[f"{mode}_rollout_s"] = round(sum(r["time/rollout_s"] for r in rows) / len(rows), 2)
         sync = {"seconds": round(max(r.get("time/sync_s", 0.0) for r in rows), 4),
                 "bytes": int(max(r.get("sync/bytes", 0) for r in rows))}
         print(f"bench scale: off_policy_steps={steps}: {result} ", file=sys.stderr)
     return result, sync
 
 
-def _agent(args: argparse.Namespace) -> Any:
+def _agent(args: argparse.Namespace, sleep: float | None = None) -> Any:
     from conch.agent.loop import AgentConfig
 
     return AgentConfig(max_turns=args.turns, max_new_tokens=8, max_context=1024, command_timeout=60,
-                       fallback_command=f"sleep {args.sleep}; touch /app/done")
+                       fallback_command=f"sleep {args.sleep if sleep is None else sleep}; touch /app/done")
 
 
 async def _bench(args: argparse.Namespace) -> dict:

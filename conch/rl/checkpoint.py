@@ -361,37 +361,14 @@ def save_checkpoint(run_dir: str | Path, iteration: int, model: Any, *, tokenize
         torch.save(state, tmp / STATE_FILE)
         if on_stage:
             on_stage("state", tmp)
-        files = _files_with_sizes(tmp)
-        for rel in files:
-            _fsync_file(tmp / rel)
-        manifest = {
-            "format": FORMAT,
-            "iteration": iteration,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        seal(tmp, final, iteration, {
             "model_format": model_format,
             "model_class": type(model).__name__,
             "aux_models": aux_formats,
             "has_tokenizer": tokenizer is not None,
             "has_optimizer": optimizer is not None,
             "has_scheduler": scheduler is not None,
-            "files": files,
-        }
-        with open(tmp / MANIFEST, "w") as fh:
-            json.dump(manifest, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
-            _fsync_dir(d)
-        if on_stage:
-            on_stage("manifest", tmp)
-        trash = None
-        if final.exists():  # a corrupt leftover, or an overwrite: move it aside, publish, then delete it
-            trash = root / f".tmp-{name}-{os.getpid()}-old-{secrets.token_hex(4)}"
-            os.rename(final, trash)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
+        }, on_stage)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -401,6 +378,33 @@ def save_checkpoint(run_dir: str | Path, iteration: int, model: Any, *, tokenize
     prune_checkpoints(run_dir, keep, keep_every, protect=final)
     print(f"conch: saved checkpoint {final} in {time.monotonic() - t0:.1f}s", file=sys.stderr)
     return final
+
+
+def seal(tmp: Path, final: Path, iteration: int, fields: dict[str, Any], on_stage: StageHook | None = None) -> None:
+    """Publish the filled temp dir `tmp` as checkpoint `final`: fsync every file, write the manifest (`fields`
+    plus format, iteration, time and every file's size) last, fsync the dirs, then one rename. An existing
+    `final` (a corrupt leftover, or an overwrite) is moved aside first and deleted after."""
+    files = _files_with_sizes(tmp)
+    for rel in files:
+        _fsync_file(tmp / rel)
+    manifest = {"format": FORMAT, "iteration": iteration, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                **fields, "files": files}
+    with open(tmp / MANIFEST, "w") as fh:
+        json.dump(manifest, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
+        _fsync_dir(d)
+    if on_stage:
+        on_stage("manifest", tmp)
+    trash = None
+    if final.exists():
+        trash = final.with_name(f".tmp-{final.name}-{os.getpid()}-old-{secrets.token_hex(4)}")
+        os.rename(final, trash)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 # ---- load ----

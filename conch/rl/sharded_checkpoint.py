@@ -14,7 +14,6 @@ Layout: iter-000012/{dcp/ (DCP shards and .metadata), trainer_state.pt, manifest
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import sys
@@ -71,29 +70,13 @@ def save_sharded(run_dir: Path, iteration: int, models: dict[str, Any], optimize
 
 
 def _seal(tmp: Path, final: Path, iteration: int, world: int) -> None:
-    """Rank 0: trainer state, fsync, manifest last, then publish with one rename (see rl/checkpoint.py)."""
+    """Rank 0: trainer state, then the manifest and the rename of `rl/checkpoint.py`'s protocol."""
     import shutil
 
     try:
         torch.save({"iteration": iteration, "optimizer": None, "scheduler": None, "rng": ck.rng_state(),
                     "extra": {}}, tmp / ck.STATE_FILE)
-        files = ck._files_with_sizes(tmp)
-        for rel in files:
-            ck._fsync_file(tmp / rel)
-        manifest = {"format": ck.FORMAT, "iteration": iteration, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    "sharded": {"world": world, "writer": "torch.distributed.checkpoint"}, "files": files}
-        with open(tmp / ck.MANIFEST, "w") as fh:
-            json.dump(manifest, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
-            ck._fsync_dir(d)
-        if final.exists():
-            trash = final.with_name(f".tmp-{final.name}-{os.getpid()}-old-{secrets.token_hex(4)}")
-            os.rename(final, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        os.rename(tmp, final)
-        ck._fsync_dir(final.parent)
+        ck.seal(tmp, final, iteration, {"sharded": {"world": world, "writer": "torch.distributed.checkpoint"}})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -101,6 +84,7 @@ def _seal(tmp: Path, final: Path, iteration: int, world: int) -> None:
 
 def is_sharded(path: Path) -> bool:
     return "sharded" in ck.read_manifest(path)
+
 
 
 def load_sharded(path: Path, models: dict[str, Any], optimizers: dict[str, Any]) -> int:

@@ -29,14 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import os
     import sys
     from pathlib import Path
 
     from conch.cli import UsageError
     from conch.config import ConfigError, load_config
 
-    if int(os.environ.get("RANK", "0")) > 0 and "WORLD_SIZE" in os.environ:  # learner_group.is_follower, no torch
+    from conch.rl.ranks import is_follower
+
+    if is_follower():
         from conch.rl.learner_group import follow
 
         return follow()  # torchrun rank > 0: rank 0 drives the run and sends this rank the learner's calls

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from conch.config import Config, ConfigError
+from conch.rl.ranks import torchrun_env
 
 # A follower's wait for the next call: long (rank 0 may roll out for hours; c10d logs each wait that times out,
 # and the socket's poll takes int32 milliseconds), and it ends at once with an error if rank 0's store goes away.
@@ -42,18 +43,6 @@ _POLL = timedelta(days=7)
 
 class LearnerRankError(RuntimeError):
     """A learner rank died, hung past `cluster.learner_timeout`, or failed; the run cannot go on."""
-
-
-def torchrun_env() -> tuple[int, int] | None:
-    """(rank, world size) when launched by torchrun (or anything that sets RANK and WORLD_SIZE), else None."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    return None
-
-
-def is_follower() -> bool:
-    env = torchrun_env()
-    return env is not None and env[0] > 0
 
 
 def learner_ranks(cfg: Config) -> int:

@@ -102,14 +102,12 @@ class Learner:
     def load(self, path: Path) -> int:
         """Restore a checkpoint (policy, critic, optimizers, RNG); returns its iteration. A sharded checkpoint
         loads into any number of ranks; a one-process checkpoint only into one process."""
-        from conch.rl.checkpoint import CheckpointError, load_checkpoint
-        from conch.rl.sharded_checkpoint import is_sharded, load_sharded
+        from conch.rl.checkpoint import load_checkpoint
+        from conch.rl.sharded_checkpoint import check_loadable, is_sharded, load_sharded
 
+        check_loadable(path, self.dp[1])
         if is_sharded(path):
             return load_sharded(path, *self._parts())
-        if self.dp[1] > 1:
-            raise CheckpointError(f"{path} was written by a one-process learner; resume it with "
-                                  f"cluster.learner_ranks = 1")
         info = load_checkpoint(path, model=self.policy, optimizer={"policy": self.opt_pi, "critic": self.opt_v},
                                aux_models={"critic": self.critic})
         return info.iteration

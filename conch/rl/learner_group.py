@@ -315,12 +315,9 @@ class DriverLearner:
         return self.group.call("save", (run_dir, iteration), lambda: self.local.save(run_dir, iteration))
 
     def load(self, path: Path) -> int:
-        from conch.rl.checkpoint import CheckpointError
-        from conch.rl.sharded_checkpoint import is_sharded
+        from conch.rl.sharded_checkpoint import check_loadable
 
-        if not is_sharded(path):  # checked here, so no follower fails on it (which would read as a dead rank)
-            raise CheckpointError(f"{path} was written by a one-process learner; resume it with "
-                                  f"cluster.learner_ranks = 1")
+        check_loadable(path, self.group.world)  # here, so no follower fails on it (which would read as a dead rank)
         return self.group.call("load", (path,), lambda: self.local.load(path))
 
     def save_critic(self, path: Path) -> None:

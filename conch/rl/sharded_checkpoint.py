@@ -86,6 +86,12 @@ def is_sharded(path: Path) -> bool:
     return "sharded" in ck.read_manifest(path)
 
 
+def check_loadable(path: Path, world: int) -> None:
+    """A sharded checkpoint loads into any number of ranks; a one-process one only into one process."""
+    if world > 1 and not is_sharded(path):
+        raise ck.CheckpointError(f"{path} was written by a one-process learner; resume it with "
+                                 f"cluster.learner_ranks = 1")
+
 
 def load_sharded(path: Path, models: dict[str, Any], optimizers: dict[str, Any]) -> int:
     """Collective (or one process without a group): restore every model and optimizer in place; returns the

@@ -93,7 +93,8 @@ class Phase:
 def host_busy_seconds() -> float:
     """CPU seconds the host has spent busy (all cores, /proc/stat), or 0 where there is no /proc/stat."""
     try:
-        fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+        with open("/proc/stat") as fh:
+            fields = [int(x) for x in fh.readline().split()[1:]]
     except (OSError, ValueError):
         return 0.0
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait

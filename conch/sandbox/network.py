@@ -8,6 +8,10 @@ this process on the host: an HTTP proxy that accepts `CONNECT host:443` and plai
 the registry hosts in ALLOWED (PyPI, Debian, npm), and answers 403 to everything else. The sandbox's tools find
 it through the usual HTTP(S)_PROXY variables; the offline pip/uv settings are turned off for such sandboxes.
 Nothing runs inside the sandbox for this, and it works the same for both backends.
+
+Image builds use the same proxy (`build_network`, `ProxyThread`): a task's Dockerfile `RUN` steps run in a
+network namespace of their own with only loopback and the proxy, so a build step reaches the registries and
+never the host's 127.0.0.1 (a vLLM server, Ray's job API, the Docker API) or any other address.
 """
 
 from __future__ import annotations
@@ -16,9 +20,14 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import fcntl
 import socket
+import struct
+import subprocess
 import threading
-from dataclasses import replace
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 from conch.sandbox.base import SandboxError, SandboxSpec
 
@@ -38,6 +47,7 @@ PROXY_ENV = {
     "UV_NO_INDEX": "0",
 }
 _CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _setns_lock = threading.Lock()
 
 
@@ -79,6 +89,7 @@ def _listen_in_netns(pid: int) -> socket.socket:
                 if libc.setns(target.fileno(), _CLONE_NEWNET) != 0:
                     raise OSError(ctypes.get_errno(), f"setns into the network namespace of pid {pid}")
                 try:
+                    _loopback_up()
                     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                     sock.bind(("127.0.0.1", PROXY_PORT))
@@ -97,6 +108,15 @@ def _listen_in_netns(pid: int) -> socket.socket:
     if "error" in out or "sock" not in out:
         raise SandboxError(f"cannot open the registry proxy inside the sandbox: {out.get('error')}")
     return out["sock"]
+
+
+def _loopback_up() -> None:
+    """Bring `lo` up in the calling thread's network namespace (a fresh namespace starts with it down)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req))[1]
+        if not flags & _IFF_UP:
+            fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -176,6 +196,78 @@ class RegistryProxy:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
             self._server = None
+
+
+class ProxyThread:
+    """A RegistryProxy inside the network namespace of `pid`, served by its own event loop on a daemon
+    thread: for synchronous callers (image builds run in worker threads, outside any event loop)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._proxy = RegistryProxy()
+
+    def __enter__(self) -> ProxyThread:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._thread = threading.Thread(target=loop.run_forever, name="conch-build-proxy", daemon=True)
+        self._thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self._proxy.start(self.pid), loop).result(30)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self._proxy.close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+        self._loop = self._thread = None
+
+
+@dataclass(frozen=True)
+class BuildNet:
+    """A held network namespace (loopback + the registry proxy) that build steps join by `netns` path."""
+
+    netns: str
+    env: dict[str, str]
+
+
+@contextlib.contextmanager
+def build_network() -> Iterator[BuildNet]:
+    """A network namespace for local image builds: loopback only, the registry proxy on 127.0.0.1:PROXY_PORT.
+
+    Held by a `sleep` in a namespace of its own (host side, created by `unshare --net`), so every RUN step of
+    one build can join it and the proxy's socket lives as long as the build."""
+    holder = subprocess.Popen(["unshare", "--net", "--", "sleep", "infinity"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        mine = os.readlink("/proc/self/ns/net")
+        deadline = time.monotonic() + 10
+        while _netns_of(holder.pid) in (mine, None):
+            if holder.poll() is not None or time.monotonic() > deadline:
+                err = holder.stderr.read().decode(errors="replace").strip() if holder.stderr else ""
+                raise SandboxError(f"cannot create the network namespace for image builds: {err or 'timed out'}")
+            time.sleep(0.001)
+        with ProxyThread(holder.pid):
+            yield BuildNet(netns=f"/proc/{holder.pid}/ns/net", env=dict(PROXY_ENV))
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _netns_of(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
 
 
 async def sandbox_pid(sandbox) -> int:

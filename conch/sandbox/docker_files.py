@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from conch.sandbox.base import SandboxError
 from conch.sandbox.localbuild import place_download, safe_extract
 
 
@@ -19,12 +20,22 @@ def tar_for_upload(src: Path, arcname: str) -> Any:
     spool = tempfile.TemporaryFile()
 
     def norm(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        for what, name in (("file name", info.name), ("link target", info.linkname)):
+            try:  # the engine reads tar names as UTF-8; say which file instead of sending what it cannot read
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = os.fsencode(f"{src}: {info.name}").decode("utf-8", "backslashreplace")
+                raise SandboxError(f"upload of {shown}: {what} is not valid UTF-8") from None
         info.uid = info.gid = 0
         info.uname = info.gname = "root"
         return info
 
-    with tarfile.open(fileobj=spool, mode="w") as tar:
-        tar.add(str(src), arcname=arcname, filter=norm)
+    try:
+        with tarfile.open(fileobj=spool, mode="w") as tar:
+            tar.add(str(src), arcname=arcname, filter=norm)
+    except BaseException:
+        spool.close()
+        raise
     spool.seek(0)
     return spool
 

@@ -308,6 +308,12 @@ def _context_tar(root: Path | None, paths: list[str], dockerfile_text: str, ca: 
         for rel in paths:
             p = root / rel  # type: ignore[operator]
             info = tar.gettarinfo(str(p), arcname=rel)
+            for what, name in (("file name", rel), ("link target", info.linkname)):
+                try:  # the engine reads tar names as UTF-8; say which file instead of sending what it cannot read
+                    name.encode("utf-8")
+                except UnicodeEncodeError:
+                    shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
+                    raise SandboxError(f"build context: {shown}: {what} is not valid UTF-8") from None
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             if info.isreg():

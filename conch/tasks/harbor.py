@@ -20,8 +20,19 @@ import tomllib
 from pathlib import Path
 
 from conch.sandbox.base import Limits
-from conch.tasks.fields import FieldError, commands_json, positive_number, read_text, size_mb, string_map, table
+from conch.tasks.fields import (
+    FieldError,
+    check_tree,
+    commands_json,
+    positive_number,
+    printable,
+    read_text,
+    size_mb,
+    string_map,
+    table,
+)
 from conch.tasks.model import Task, TaskLoadError
+from conch.tasks.testdeps import check_verifier_installs
 
 MARKER = "task.toml"
 SUPPORTED_VERSIONS = ("1.0", "1.1", "1.2")
@@ -33,9 +44,10 @@ def load_harbor_task(folder: Path) -> Task | TaskLoadError:
     """Load the task in `folder` (which holds task.toml); never raises for a malformed task."""
     folder = folder.resolve()
     try:
+        check_tree(folder)  # before reading anything: task.toml itself may be a link to a host file
         return _load(folder)
     except FieldError as exc:
-        return TaskLoadError(name=folder.name, path=folder, file=exc.file, message=exc.message)
+        return TaskLoadError(name=printable(folder.name), path=folder, file=exc.file, message=exc.message)
 
 
 def _warn_bare_base(folder: Path, env_dir: Path, doc: dict) -> None:
@@ -73,7 +85,30 @@ def _limits(file: Path, env: dict) -> Limits:
     else:
         storage = default.storage_mb
     pids = int(positive_number(file, "[environment] pids", env.get("pids"), default.pids))
+    for key in ("build_timeout_sec", "gpus"):  # no backend reads these yet; bounded all the same
+        positive_number(file, f"[environment] {key}", env.get(key), 0.0)
     return Limits(cpus=cpus, memory_mb=memory, storage_mb=storage, pids=pids)
+
+
+def _environment(folder: Path, doc: dict) -> tuple[Path | None, Path | None, Path | None]:
+    """(build context, Dockerfile, compose file) of the task; each None when absent."""
+    env_dir = folder / "environment"
+    context_dir = dockerfile = compose_file = None
+    if env_dir.exists():
+        if not env_dir.is_dir():
+            raise FieldError(env_dir, "environment must be a folder (the Docker build context)")
+        context_dir = env_dir
+        if (env_dir / "Dockerfile").is_file():
+            dockerfile = env_dir / "Dockerfile"
+        for name in ("docker-compose.yaml", "docker-compose.yml"):
+            if (env_dir / name).is_file():
+                compose_file = env_dir / name
+                break
+
+    if dockerfile is None and compose_file is None:
+        _warn_bare_base(folder, env_dir, doc)
+
+    return context_dir, dockerfile, compose_file
 
 
 def _load(folder: Path) -> Task:
@@ -105,22 +140,9 @@ def _load(folder: Path) -> Task:
         raise FieldError(tests_dir, "missing tests folder")
     if not test_script.is_file():
         raise FieldError(test_script, "missing verifier script tests/test.sh")
+    check_verifier_installs(test_script, tests_dir)
 
-    env_dir = folder / "environment"
-    context_dir = dockerfile = compose_file = None
-    if env_dir.exists():
-        if not env_dir.is_dir():
-            raise FieldError(env_dir, "environment must be a folder (the Docker build context)")
-        context_dir = env_dir
-        if (env_dir / "Dockerfile").is_file():
-            dockerfile = env_dir / "Dockerfile"
-        for name in ("docker-compose.yaml", "docker-compose.yml"):
-            if (env_dir / name).is_file():
-                compose_file = env_dir / name
-                break
-
-    if dockerfile is None and compose_file is None:
-        _warn_bare_base(folder, env_dir, doc)
+    context_dir, dockerfile, compose_file = _environment(folder, doc)
 
     solution_dir = folder / "solution"
     solution_script = solution_dir / "solve.sh" if (solution_dir / "solve.sh").is_file() else None

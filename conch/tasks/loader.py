@@ -2,7 +2,9 @@
 
 A task is a folder holding `task.toml` (Harbor / Terminal-Bench 2.x) or `task.yaml` (Terminal-Bench 1). Why
 errors are values here: a batch of hundreds of tasks must not stop at the first broken one; each broken task
-becomes a `TaskLoadError` naming its file and problem, reported beside the tasks that did load.
+becomes a `TaskLoadError` naming its file and problem, reported beside the tasks that did load. That includes
+a task folder that is not plain data (a symlink out of it, a name that is not UTF-8, see `fields.check_tree`)
+and a number out of its bounds (`fields.BOUNDS`): hostile task data is refused per task, never by the batch.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from conch.tasks.fields import printable
 from conch.tasks.harbor import MARKER as HARBOR_MARKER
 from conch.tasks.harbor import load_harbor_task
 from conch.tasks.model import Task, TaskLoadError
@@ -29,7 +32,7 @@ def load_task(folder: Path) -> Task | TaskLoadError:
     if (folder / TB1_MARKER).is_file():
         return load_tb1_task(folder)
     return TaskLoadError(
-        name=folder.name,
+        name=printable(folder.name),
         path=folder.resolve(),
         file=folder.resolve(),
         message=f"not a task folder (no {HARBOR_MARKER} or {TB1_MARKER})",

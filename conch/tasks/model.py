@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from conch.sandbox.base import Limits
+from conch.tasks.fields import printable
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,10 @@ class Task:
 
 @dataclass(frozen=True)
 class TaskLoadError:
-    """A task folder that could not be loaded: `file` names the offending file, `message` what is wrong."""
+    """A task folder that could not be loaded: `file` names the offending file, `message` what is wrong.
+
+    `name` is always printable (a folder name that is not UTF-8 is escaped); `file` and `path` are the real
+    paths, so print the error with `str()`, which escapes them too."""
 
     name: str
     path: Path
@@ -77,4 +81,5 @@ class TaskLoadError:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.file}: {self.message}"
+        """One printable line: bytes of a file name that are not UTF-8 are written as `\\xff`."""
+        return printable(f"{self.file}: {self.message}")

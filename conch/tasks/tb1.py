@@ -19,8 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from conch.tasks.fields import FieldError, positive_number, read_text
+from conch.tasks.fields import FieldError, check_tree, positive_number, printable, read_text
 from conch.tasks.model import Task, TaskLoadError
+from conch.tasks.testdeps import check_verifier_installs
 
 MARKER = "task.yaml"
 DEFAULT_AGENT_TIMEOUT = 360.0  # Terminal-Bench 1 defaults
@@ -32,9 +33,10 @@ def load_tb1_task(folder: Path) -> Task | TaskLoadError:
     """Load the task in `folder` (which holds task.yaml); never raises for a malformed task."""
     folder = folder.resolve()
     try:
+        check_tree(folder)  # before reading anything: task.yaml itself may be a link to a host file
         return _load(folder)
     except FieldError as exc:
-        return TaskLoadError(name=folder.name, path=folder, file=exc.file, message=exc.message)
+        return TaskLoadError(name=printable(folder.name), path=folder, file=exc.file, message=exc.message)
 
 
 def _yaml(file: Path) -> object:
@@ -93,6 +95,7 @@ def _load(folder: Path) -> Task:
     tests_dir = folder / "tests"
     if not tests_dir.is_dir():
         raise FieldError(tests_dir, "missing tests folder")
+    check_verifier_installs(test_script, tests_dir)
 
     dockerfile = folder / "Dockerfile" if (folder / "Dockerfile").is_file() else None
     compose_file = None

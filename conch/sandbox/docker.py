@@ -10,6 +10,14 @@ Containers run with networking disabled (network_mode "none"), the task's CPU/me
 (`io.conch.kind=sandbox`, `io.conch.owner=<host>:<pid>:<start time>`) so that `conch sandbox gc` can remove
 whatever a crashed run left. Every container this process starts is also removed at interpreter exit (Ctrl-C
 included).
+
+The container is a security boundary: the agent is root inside it, so root there must not reach the host
+kernel's settings, its own limits, other boxes or host files. Hence Docker's default capability set pinned
+(no CAP_SYS_ADMIN: no mounts), no-new-privileges, the engine's default seccomp profile, a private cgroup
+namespace (the box sees only its own cgroup, read-only), /proc/sys and /sys read-only, and the one file Docker
+bind-mounts from its host folder (/etc/hostname; with networking disabled it mounts no hosts/resolv.conf)
+read-only, since writes there would land on the host's disk outside the box's storage limit.
+CONCH_DOCKER_RUNTIME names another OCI runtime for the containers (e.g. `runsc`, gVisor).
 """
 
 from __future__ import annotations
@@ -42,6 +50,14 @@ from conch.sandbox.readback import CapWriter
 from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell, pidfd_wait
 
 HOST_GRACE_S = 10.0  # host-side guard beyond a command's own timeout (the in-container `timeout` kills first)
+# Docker's default capabilities, pinned so that an engine configured otherwise gives boxes no more. None of them
+# reaches past the box: no SYS_ADMIN (mount), SYS_PTRACE, SYS_MODULE, NET_ADMIN, SYS_TIME, DAC_READ_SEARCH.
+BOX_CAPS = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP",
+            "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE")
+# HostConfig.ReadonlyPaths replaces the engine's default list, so that list (moby oci/defaults.go) comes first.
+ENGINE_READONLY = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+# Files the engine may bind-mount from its own folder on the host (inspect key, path in the box).
+HOST_FILES = (("HostnamePath", "/etc/hostname"), ("HostsPath", "/etc/hosts"), ("ResolvConfPath", "/etc/resolv.conf"))
 
 # Engine calls block; they run on a pool of their own so that image builds (their own small pool) or a busy
 # default executor never delay the short calls of other sandboxes (`--jobs N`).
@@ -330,34 +346,52 @@ class DockerSandbox:
     def _create_and_start(self) -> None:
         import docker.errors
 
+        api = self._client.api
+        try:
+            readonly = [*ENGINE_READONLY, "/etc/hostname"]
+            self._create(readonly)
+            api.start(self.container)
+            info = api.inspect_container(self.container)  # the engine sets its files' paths at start
+            bound = [path for key, path in HOST_FILES if info.get(key) and path not in readonly]
+            if bound:  # this engine bind-mounts more host files despite network_disabled: those read-only too
+                api.remove_container(self.container, force=True)
+                self._create(readonly + bound)
+                api.start(self.container)
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"sandbox {self.name}: cannot start a container from {self.image}: {exc}") from exc
+
+    def _create(self, readonly: list[str]) -> None:
+        """Create the (unprivileged: see the module docstring) container; `readonly`: its ReadonlyPaths."""
+        import docker.errors
+
         global _storage_opt_ok
         api, lim = self._client.api, self.spec.limits
         config = dict(network_mode="none", nano_cpus=int(lim.cpus * 1e9), mem_limit=f"{lim.memory_mb}m",
-                      memswap_limit=f"{lim.memory_mb}m", pids_limit=lim.pids, init=True)
+                      memswap_limit=f"{lim.memory_mb}m", pids_limit=lim.pids, init=True, privileged=False,
+                      cap_drop=["ALL"], cap_add=list(BOX_CAPS), security_opt=["no-new-privileges"],
+                      cgroupns="private", runtime=os.environ.get("CONCH_DOCKER_RUNTIME") or None)
         labels = {images.LABEL_KIND: "sandbox", images.LABEL_TASK: self.name, images.LABEL_OWNER: owner_label()}
-        try:
-            while True:
-                # A disk quota needs overlay2 on xfs with pquota; elsewhere the engine refuses it: say so once.
-                storage = {"storage_opt": {"size": f"{lim.storage_mb}m"}} if _storage_opt_ok else {}
-                try:
-                    self._quota_enforced = bool(storage)
-                    api.create_container(
-                        self.image, name=self.container, entrypoint=["sleep", "infinity"], detach=True,
-                        environment=self._env, working_dir=self._workdir, labels=labels, network_disabled=True,
-                        host_config=api.create_host_config(**config, **storage))
-                    break
-                except docker.errors.APIError as exc:
-                    if not storage or "storage-opt" not in str(exc).lower():
-                        raise
-                    with _live_lock:
-                        said, _storage_opt_ok = not _storage_opt_ok, False
-                    if not said:
-                        print(f"conch: note: the Docker engine cannot limit container disk size here "
-                              f"({exc.explanation}); conch enforces storage limits with a watchdog on each "
-                              "container's writable layer instead", file=sys.stderr, flush=True)
-            api.start(self.container)
-        except docker.errors.APIError as exc:
-            raise SandboxError(f"sandbox {self.name}: cannot start a container from {self.image}: {exc}") from exc
+        while True:
+            # A disk quota needs overlay2 on xfs with pquota; elsewhere the engine refuses it: say so once.
+            storage = {"storage_opt": {"size": f"{lim.storage_mb}m"}} if _storage_opt_ok else {}
+            host_config = api.create_host_config(**config, **storage)
+            host_config["ReadonlyPaths"] = readonly  # MaskedPaths is left unset: the engine's defaults apply
+            try:
+                self._quota_enforced = bool(storage)
+                api.create_container(
+                    self.image, name=self.container, entrypoint=["sleep", "infinity"], detach=True,
+                    environment=self._env, working_dir=self._workdir, labels=labels, network_disabled=True,
+                    host_config=host_config)
+                return
+            except docker.errors.APIError as exc:
+                if not storage or "storage-opt" not in str(exc).lower():
+                    raise
+                with _live_lock:
+                    said, _storage_opt_ok = not _storage_opt_ok, False
+                if not said:
+                    print(f"conch: note: the Docker engine cannot limit container disk size here "
+                          f"({exc.explanation}); conch enforces storage limits with a watchdog on each "
+                          "container's writable layer instead", file=sys.stderr, flush=True)
 
     async def stop(self) -> None:
         if self._disk_watch is not None:

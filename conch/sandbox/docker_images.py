@@ -10,10 +10,13 @@ Task images are tagged by a content hash of everything that can change the resul
 the build context's files, the ids of the images it starts from), so a second run, or another task with the
 same environment, reuses the image without asking the engine to build anything.
 
-Builds run with the host network (package registries are reachable at build time only) and with this
-machine's CA bundle added to the context and exposed to RUN steps through build ARGs, which the engine turns
-into environment variables for RUN but never stores in the image's configuration. The CA file itself is the
-only thing added to task images.
+Builds never run with the host network: a RUN step of a task's Dockerfile could then reach the host's
+127.0.0.1 (a vLLM server, Ray's job API). Each build's RUN steps join the network namespace of a holder
+container (loopback only) in which conch's registry proxy listens (conch/sandbox/network.py: PyPI, Debian,
+npm, nothing else), found through the proxy variables, which are Docker's predefined build ARGs (never stored
+in the image). This machine's CA bundle is added to the context and exposed to RUN steps through build ARGs,
+which the engine turns into environment variables for RUN but never stores in the image's configuration. The
+CA file itself is the only thing added to task images.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import re
 import sys
 import tarfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -386,26 +391,70 @@ def _image_id(c: Any, ref: str) -> str | None:
 # ----------------------------------------------------------------------------------------------- builds
 
 
-def _run_build(c: Any, tag: str, fileobj: io.BytesIO, labels: dict[str, str], what: str,
-               progress: Progress) -> None:
-    """Build with the host network, streaming step lines to `progress`; SandboxError with the log tail."""
+# Docker's predefined build ARGs among the proxy variables: RUN steps see them, the image does not keep them.
+PROXY_BUILD_ARGS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+
+
+@contextmanager
+def _build_network(c: Any, image: str, what: str) -> Iterator[str]:
+    """The `network_mode` for one build's RUN steps: `container:<id>` of a holder container (network "none":
+    loopback only) with the registry proxy open inside its namespace. The holder is labelled as a sandbox of
+    this process (so `conch sandbox gc` removes it after a crash) and removed at the end."""
     import docker.errors
 
-    tail: list[str] = []
+    from conch.sandbox.docker import owner_label
+    from conch.sandbox.network import ProxyThread
+
+    labels = {LABEL_KIND: "sandbox", LABEL_TASK: f"build network of {what}", LABEL_OWNER: owner_label()}
+    holder = None
     try:
-        for chunk in c.api.build(fileobj=fileobj, custom_context=True, dockerfile=f"{BUILD_DIR}/Dockerfile",
-                                 tag=tag, network_mode="host", rm=True, forcerm=True, pull=False,
-                                 labels=labels, decode=True):
-            if "error" in chunk:
-                tail.append(str(chunk["error"]).rstrip())
-                raise SandboxError(f"building {what} failed: {chunk['error'].strip()}\n" + "\n".join(tail[-40:]))
-            text = chunk.get("stream")
-            if text:
-                for line in text.rstrip("\n").split("\n"):
-                    tail.append(line)
-                    if line.startswith("Step ") and " : RUN " in line:  # the steps that take time
-                        progress(f"  {what}: {line}")
-                del tail[:-200]
+        try:
+            holder = c.api.create_container(image, entrypoint=["sleep", "infinity"], detach=True, labels=labels,
+                                            host_config=c.api.create_host_config(network_mode="none"))["Id"]
+            c.api.start(holder)
+            pid = int(c.api.inspect_container(holder)["State"]["Pid"] or 0)
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"building {what}: cannot start the build network's container from {image}: "
+                               f"{exc}") from exc
+        if not pid or not os.path.exists(f"/proc/{pid}/ns/net"):
+            raise SandboxError(f"building {what}: the build network needs the Docker engine on this machine "
+                               f"(its container's pid {pid} is not a process here)")
+        with ProxyThread(pid):
+            yield f"container:{holder}"
+    finally:
+        if holder is not None:
+            try:
+                c.api.remove_container(holder, force=True)
+            except docker.errors.APIError:
+                pass  # already gone; `conch sandbox gc` is the fallback
+
+
+def _run_build(c: Any, tag: str, fileobj: io.BytesIO, labels: dict[str, str], what: str,
+               progress: Progress, holder_image: str) -> None:
+    """Build in a registries-only network (`_build_network`, started from `holder_image`), streaming step
+    lines to `progress`; SandboxError with the log tail."""
+    import docker.errors
+
+    from conch.sandbox.network import PROXY_ENV
+
+    tail: list[str] = []
+    buildargs = {k: PROXY_ENV[k] for k in PROXY_BUILD_ARGS}
+    try:
+        with _build_network(c, holder_image, what) as network_mode:
+            for chunk in c.api.build(fileobj=fileobj, custom_context=True, dockerfile=f"{BUILD_DIR}/Dockerfile",
+                                     tag=tag, network_mode=network_mode, buildargs=buildargs, rm=True,
+                                     forcerm=True, pull=False, labels=labels, decode=True):
+                if "error" in chunk:
+                    tail.append(str(chunk["error"]).rstrip())
+                    raise SandboxError(f"building {what} failed: {chunk['error'].strip()}\n"
+                                       + "\n".join(tail[-40:]))
+                text = chunk.get("stream")
+                if text:
+                    for line in text.rstrip("\n").split("\n"):
+                        tail.append(line)
+                        if line.startswith("Step ") and " : RUN " in line:  # the steps that take time
+                            progress(f"  {what}: {line}")
+                    del tail[:-200]
     except docker.errors.APIError as exc:
         raise SandboxError(f"building {what} failed: {exc}\n" + "\n".join(tail[-40:])) from exc
 
@@ -453,7 +502,8 @@ def ensure_env_image(env: Environment, what: str, progress: Progress = _stderr) 
     """The image reference for `env`, built (once, cached by content hash) if missing. `what` names it."""
     c = client()
     try:
-        plan = _plan(c, env, what, ensure_base_image(c, progress))
+        base_ref = ensure_base_image(c, progress)
+        plan = _plan(c, env, what, base_ref)
         if isinstance(plan, str):
             return plan
         if _image_id(c, plan.tag):
@@ -464,7 +514,7 @@ def ensure_env_image(env: Environment, what: str, progress: Progress = _stderr) 
             progress(f"conch: building image {plan.tag} for {what}")
             tar = _context_tar(plan.context, plan.paths, plan.dockerfile.text, build_ca_bundle())
             # LABEL_FROM_BASE is inherited from the base image by everything built on it
-            _run_build(c, plan.tag, tar, {LABEL_KIND: "env", LABEL_TASK: what}, what, progress)
+            _run_build(c, plan.tag, tar, {LABEL_KIND: "env", LABEL_TASK: what}, what, progress, base_ref)
         return plan.tag
     finally:
         c.close()

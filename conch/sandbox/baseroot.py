@@ -37,7 +37,7 @@ from pathlib import Path
 
 from conch.sandbox import paths, uvshim
 from conch.sandbox.base import SandboxError
-from conch.sandbox.bwrap import DEFAULT_PATH, BoxConfig, require_host, run_box
+from conch.sandbox.bwrap import DEFAULT_PATH, ID_BASE, ID_RANGE, BoxConfig, require_host, run_box, shift_tree
 
 SUITE = "trixie"
 MIRROR = "http://deb.debian.org/debian"
@@ -50,7 +50,7 @@ UV_PIN = "uv==0.13.9"
 # Marker-conditional dependencies of pytest: not installed on 3.13, but `uv add`/`uv lock` resolve for every
 # Python version and need their metadata.
 UNIVERSAL_EXTRAS = ("colorama==0.4.6", "exceptiongroup==1.3.2", "tomli==2.5.0", "typing_extensions==4.16.0")
-RECIPE_VERSION = 4
+RECIPE_VERSION = 5  # 5: stored with box ids shifted by bwrap.ID_BASE
 WHEELS_IN_ROOT = "/opt/conch/wheels"
 STAMP_IN_ROOT = "opt/conch/base.json"
 # Offline, apt's retries with back-off make every `apt-get update` of a verifier script wait ~7 s for nothing.
@@ -160,6 +160,7 @@ def build_base_root(force: bool = False, quiet: bool = False) -> Path:
             _install_toolchain(root, tmp, wheels, quiet)
             (root / STAMP_IN_ROOT).write_text(json.dumps({"id": recipe_id(), **recipe(),
                                                            "built_at": time.time()}, indent=1))
+            shift_tree(root)
             _publish(root, base)
             if not quiet:
                 _log(f"base root ready at {root_path()} ({time.monotonic() - t0:.0f} s)")
@@ -253,7 +254,8 @@ def _install_toolchain(root: Path, tmp: Path, wheels: Path, quiet: bool) -> None
     # Like the python:3.x images: no PEP 668 marker, so `pip install` / `uv pip install --system` just work.
     for marker in (root / "usr/lib").glob("python3*/EXTERNALLY-MANAGED"):
         marker.unlink()
-    box = BoxConfig(state_dir=tmp / "box", bind_root=root, network=False)
+    shift_tree(root)  # box root must own the root it installs into (host ids are "nobody" in a box)
+    box = BoxConfig(state_dir=tmp / "box", bind_root=root)
     pins = " ".join("-w " + p for p in VERIFIER_PINS)
     script = (
         f"set -e; uv pip install -q --system {' '.join(VERIFIER_PINS)}\n"
@@ -323,10 +325,15 @@ def rootfs_tarball() -> Path:
     if out.exists():
         return out
     tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}")
-    proc = subprocess.run(["tar", "--numeric-owner", "--xattrs", "-C", str(root), "-cf", str(tmp), "."],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The root is stored with box ids shifted by ID_BASE (bwrap.shift_tree): tar it from inside a user
+    # namespace that maps them back, so the image has the ids 0..65535 of an ordinary root.
+    ids = f"{ID_BASE},0,{ID_RANGE}"
+    with open(tmp, "wb") as out_fh:
+        proc = subprocess.run(["unshare", f"--map-users={ids}", f"--map-groups={ids}", "--", "tar",
+                               "--numeric-owner", "--xattrs", "-cf", "-", "."], cwd=root, stdout=out_fh,
+                              stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
-        raise SandboxError(f"tar of the base root failed: {proc.stdout[-2000:]}")
+        raise SandboxError(f"tar of the base root failed: {proc.stderr[-2000:]}")
     os.rename(tmp, out)
     return out

@@ -4,18 +4,23 @@ Why this shape (measured on bubblewrap 0.8.0, which has no --overlay option):
 - Host root mounts the overlay (and, for a storage limit, a loop-mounted ext4 upper) inside a private mount
   namespace (`unshare -m`), so nothing is ever mounted in the host's namespace and everything unmounts by
   itself when the last process of the sandbox dies, even after a crash.
-- A user namespace maps uids/gids 0..65535 one to one, so root in the box can chown to any user (useradd,
-  apt's `_apt`), while holding no capability over the host. `unshare -U` creates it; we write the maps from
-  the host (no newuidmap needed), then release the child through its stdin.
-- bubblewrap then switches root to the merged overlay and unshares pid/net/ipc/uts/cgroup namespaces. It does
-  not create a second user namespace (bwrap would map a single uid), and keeps full capabilities for root
-  inside only.
+- A user namespace maps box ids 0..65535 to the unprivileged host ids ID_BASE..ID_BASE+65535: box root can
+  chown to any box user (useradd, apt's `_apt`), but on the host it is a uid that owns nothing outside its
+  own layers, so files of the host kernel (/sys, /proc/sys, cgroupfs: host root's) are "other" to it. The
+  layers on disk are stored shifted (`shift_tree`), so box root owns its image. `conch-enter --new-userns`
+  creates the namespace; we write the maps from the host (no newuidmap needed), then release the child through
+  its stdin, and it becomes the namespace's root before it execs bwrap.
+- bubblewrap then switches root to the merged overlay, unshares pid/net/ipc/uts/cgroup namespaces and keeps
+  only Docker's default capabilities (no CAP_SYS_ADMIN: no remounts); commands entered later go through
+  `conch-enter` (enter.c), which drops the same set. /sys is a read-only tmpfs holding only the cpu topology
+  and the box's own cgroups, read-only: no view of other boxes, the host's devices or power controls.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -24,8 +29,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from conch.sandbox.base import Limits, SandboxError
+from conch.sandbox.enter import enter_binary
 
 ID_RANGE = 65536
+# Host uid/gid of box root; box id n is host id ID_BASE + n. Far above any real account, below 2^31.
+ID_BASE = 1 << 30
+# Docker's default capability set (moby oci/caps/defaults.go); enter.c keeps the same list.
+BOX_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
+            "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
+            "CAP_AUDIT_WRITE")
+# Read-only views of the host's /sys that programs in a box commonly read (CPU count and topology).
+# Mount point (host) of the per-box tmpfs through which host root hands paths over to bwrap.
+HANDOVER = "/run/conch-box"
+SYS_VIEWS = ("/sys/devices/system/cpu", "/sys/devices/system/node")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _warned: set[str] = set()
 
@@ -78,6 +94,12 @@ class BoxConfig:
     `disk_image` (overlay, upper on a loop-mounted ext4 of fixed size: runtime storage limit), `lowers` +
     `tmpfs_mb` (overlay, upper on a size-limited tmpfs: fallback without loop devices), or `bind_root`
     (a plain directory, writable: building the base root itself).
+
+    `netns`: join this held network namespace (image builds: loopback plus the registry proxy, see
+    `network.build_network`); None gives the box a fresh one with loopback only. `ro_binds` are host files
+    bound read-only (a build's CA bundle); `box_files` are host files copied into the box's writable layer
+    before it starts, so the box may change them and every byte counts against its disk limit (/etc/hosts).
+    `cgroup_views`: (host cgroup dir, box path) of the box's own cgroups, shown read-only under /sys/fs/cgroup.
     """
 
     state_dir: Path
@@ -87,56 +109,112 @@ class BoxConfig:
     disk_image: Path | None = None
     tmpfs_mb: int | None = None
     bind_root: Path | None = None
-    network: bool = False
+    netns: str | None = None
     hostname: str = "sandbox"
-    file_binds: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host file, box path), writable
+    ro_binds: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host file, box path)
+    box_files: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host file, box path)
+    cgroup_views: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host dir, box dir)
 
 
 def launcher_argv(cfg: BoxConfig, box_argv: list[str], *, as_pid_1: bool, cwd: str = "/") -> list[str]:
-    """argv for the host process: unshare -m, mounts, unshare -U (waits for maps on stdin), bwrap."""
-    merged = cfg.state_dir / "merged"
+    """argv for the host process: unshare -m, mounts, conch-enter --new-userns (waits for maps on stdin), bwrap."""
     steps = ["set -e"]
     if cfg.bind_root is not None:
         root = check_mount_path(cfg.bind_root)
     else:
-        if cfg.disk_image is not None:
-            rw = cfg.state_dir / "rw"
-            steps.append(f"mount -o loop,nosuid,nodev {sh_quote(str(cfg.disk_image))} {sh_quote(str(rw))}")
-            upper, work = rw / "upper", rw / "work"
-            steps.append(f"mkdir -p {sh_quote(str(upper))} {sh_quote(str(work))}")
-        elif cfg.tmpfs_mb is not None:
-            rw = cfg.state_dir / "rw"
-            steps.append(f"mount -t tmpfs -o size={cfg.tmpfs_mb}m,nosuid,nodev tmpfs {sh_quote(str(rw))}")
-            upper, work = rw / "upper", rw / "work"
-            steps.append(f"mkdir -p {sh_quote(str(upper))} {sh_quote(str(work))}")
-        else:
-            assert cfg.upper_dir is not None and cfg.work_dir is not None
-            upper, work = cfg.upper_dir, cfg.work_dir
-        common = Path(os.path.commonpath([str(p) for p in cfg.lowers]))
-        if common.is_file():
-            common = common.parent
-        opts = overlay_options(list(cfg.lowers), upper, work, common)
-        steps.append(f"cd {sh_quote(str(common))}")
-        steps.append(f"mount -t overlay overlay -o {sh_quote(opts)} {sh_quote(str(merged))}")
-        steps.append("cd /")
-        root = str(merged)
+        steps += _overlay_steps(cfg)
+        root = str(cfg.state_dir / "merged")
     bw = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
-          "--hostname", cfg.hostname, "--bind", root, "/", "--proc", "/proc", "--dev", "/dev",
-          "--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/dev/shm", "--ro-bind", "/sys", "/sys",
-          "--chdir", cwd]
-    if not cfg.network:
+          "--hostname", cfg.hostname, "--bind", f"{HANDOVER}/root", "/", "--proc", "/proc", "--dev", "/dev",
+          "--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/dev/shm", *_sys_args(cfg),
+          "--cap-drop", "ALL", *[a for cap in BOX_CAPS for a in ("--cap-add", cap)], "--chdir", cwd]
+    if cfg.netns is None:
         bw.append("--unshare-net")
-    else:
-        bw += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
-    for host, box in cfg.file_binds:
-        bw += ["--bind", host, box]
+    # bwrap runs as box root, an unprivileged host uid that cannot walk CONCH_HOME (under root's home): what it
+    # binds from there is first bound here, by host root, under HANDOVER (a tmpfs in this private namespace).
+    os.makedirs(HANDOVER, mode=0o755, exist_ok=True)
+    steps += [f"mount -t tmpfs -o size=1m,mode=0755 conch-box {HANDOVER}",
+              f"mkdir {HANDOVER}/root && mount --bind {sh_quote(root)} {HANDOVER}/root"]
+    for i, (host, box) in enumerate(cfg.ro_binds):
+        steps.append(f"touch {HANDOVER}/file{i} && mount --bind {sh_quote(host)} {HANDOVER}/file{i}")
+        bw += ["--ro-bind", f"{HANDOVER}/file{i}", box]
     if as_pid_1:
         bw.append("--as-pid-1")
     bw.append("--")
     bw += box_argv
-    inner = "read _go || exit 97; exec " + " ".join(sh_quote(a) for a in bw)
-    steps.append("exec unshare --user -- sh -c " + sh_quote(inner))
-    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", "\n".join(steps)]
+    steps.append(f"exec {sh_quote(enter_binary())} --new-userns -- " + " ".join(sh_quote(a) for a in bw))
+    outer = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", "\n".join(steps)]
+    return outer if cfg.netns is None else ["nsenter", f"--net={cfg.netns}", "--", *outer]
+
+
+def _overlay_steps(cfg: BoxConfig) -> list[str]:
+    """Shell lines (host root, private mount namespace) that mount the box's overlay root at state/merged."""
+    steps = []
+    if cfg.disk_image is not None or cfg.tmpfs_mb is not None:
+        rw = cfg.state_dir / "rw"
+        if cfg.disk_image is not None:
+            steps.append(f"mount -o loop,nosuid,nodev {sh_quote(str(cfg.disk_image))} {sh_quote(str(rw))}")
+        else:
+            steps.append(f"mount -t tmpfs -o size={cfg.tmpfs_mb}m,nosuid,nodev tmpfs {sh_quote(str(rw))}")
+        upper, work = rw / "upper", rw / "work"
+        steps.append(f"mkdir -p {sh_quote(str(upper))} {sh_quote(str(work))}")
+        for host, box in cfg.box_files:
+            dest = upper / box.lstrip("/")
+            steps.append(f"mkdir -p {sh_quote(str(dest.parent))} && cp {sh_quote(host)} {sh_quote(str(dest))}")
+        steps.append(f"chown -R {ID_BASE}:{ID_BASE} {sh_quote(str(upper))}")
+    else:
+        assert cfg.upper_dir is not None and cfg.work_dir is not None
+        upper, work = cfg.upper_dir, cfg.work_dir
+    common = Path(os.path.commonpath([str(p) for p in cfg.lowers]))
+    if common.is_file():
+        common = common.parent
+    opts = overlay_options(list(cfg.lowers), upper, work, common)
+    steps.append(f"cd {sh_quote(str(common))}")
+    steps.append(f"mount -t overlay overlay -o {sh_quote(opts)} {sh_quote(str(cfg.state_dir / 'merged'))}")
+    steps.append("cd /")
+    return steps
+
+
+def _sys_args(cfg: BoxConfig) -> list[str]:
+    """bwrap arguments for the box's /sys: a tmpfs with the host's CPU topology and the box's own cgroups, all
+    read-only (the host's /sys would show every other box's cgroup and the host's power and device controls)."""
+    args = ["--tmpfs", "/sys"]
+    for view in SYS_VIEWS:
+        if os.path.isdir(view):
+            args += ["--ro-bind", view, view]
+    for host, box in cfg.cgroup_views:
+        args += ["--ro-bind", host, box]
+    return [*args, "--remount-ro", "/sys"]
+
+
+def shift_tree(top: Path) -> None:
+    """Give box ids to host-written files: every owner below ID_BASE becomes ID_BASE + owner.
+
+    Layers written on the host (debootstrap, COPY, WORKDIR) hold host ids 0..65535; files written inside a
+    box already carry shifted ids, so the shift is idempotent. chown clears setuid/setgid bits and file
+    capabilities: both are put back."""
+    def shift(path: str, st: os.stat_result) -> None:
+        uid = st.st_uid + ID_BASE if st.st_uid < ID_BASE else st.st_uid
+        gid = st.st_gid + ID_BASE if st.st_gid < ID_BASE else st.st_gid
+        if (uid, gid) == (st.st_uid, st.st_gid):
+            return
+        caps = None
+        if stat.S_ISREG(st.st_mode):
+            try:
+                caps = os.getxattr(path, "security.capability", follow_symlinks=False)
+            except OSError:
+                caps = None
+        os.lchown(path, uid, gid)
+        if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+            os.chmod(path, stat.S_IMODE(st.st_mode))
+        if caps is not None:
+            os.setxattr(path, "security.capability", caps, follow_symlinks=False)
+
+    shift(str(top), os.lstat(top))
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in (*dirnames, *filenames):
+            path = os.path.join(dirpath, name)
+            shift(path, os.lstat(path))
 
 
 def _ns_changed(pid: int, mine: str) -> bool:
@@ -147,7 +225,7 @@ def _ns_changed(pid: int, mine: str) -> bool:
 
 
 def write_id_maps(pid: int, timeout: float = 10.0) -> None:
-    """Wait until `pid` has entered its new user namespace, then map ids 0..65535 one to one."""
+    """Wait until `pid` has entered its new user namespace, then map box ids 0..65535 to ID_BASE + id."""
     mine = os.readlink("/proc/self/ns/user")
     deadline = time.monotonic() + timeout
     while not _ns_changed(pid, mine):
@@ -157,7 +235,7 @@ def write_id_maps(pid: int, timeout: float = 10.0) -> None:
     try:
         for name in ("uid_map", "gid_map"):
             with open(f"/proc/{pid}/{name}", "w") as fh:
-                fh.write(f"0 0 {ID_RANGE}\n")
+                fh.write(f"0 {ID_BASE} {ID_RANGE}\n")
     except (FileNotFoundError, ProcessLookupError, PermissionError, OSError) as exc:
         raise SandboxError(f"could not set the sandbox's uid/gid maps: {exc}") from exc
 
@@ -298,6 +376,12 @@ class Cgroups:
         if limited:
             return [str(p / "cgroup.procs") for p in self.paths]
         return [str(p / "cgroup.procs") for p in self.paths if p.parent.name != "conch" and "/pids/" not in str(p)]
+
+    def views(self) -> tuple[tuple[str, str], ...]:
+        """(host dir, box dir) pairs showing this box its own cgroups at /sys/fs/cgroup (read-only)."""
+        if any(p.parent.name == "conch" for p in self.paths):  # v2: one leaf holds every controller
+            return tuple((str(p), "/sys/fs/cgroup") for p in self.paths[:1])
+        return tuple((str(p), f"/sys/fs/cgroup/{p.relative_to(_CG_ROOT).parts[0]}") for p in self.paths)
 
     def pids(self) -> set[int]:
         found: set[int] = set()

@@ -3,7 +3,8 @@
 Why one long-lived init per sandbox plus `nsenter`: every exec(), every shell session and the verifier must see
 one filesystem and one pid namespace (a server the agent starts in the background must still answer when the
 tests run). `start()` launches a tiny reaping bash as pid 1 of the box (see `bwrap.py` for the namespace
-recipe); each command then joins its namespaces with `nsenter` and its cgroups before it runs. Killing that
+recipe); each command then joins its namespaces with `conch-enter` (enter.c: nsenter that drops capabilities)
+and its cgroups before it runs. Killing that
 pid 1 tears down the whole pid namespace, and with it every mount (they only ever existed in the box's private
 mount namespace), so `stop()` leaves nothing behind; a crash leaves only a state folder under
 CONCH_HOME/sandboxes/, which the next start or `conch sandbox gc` removes.
@@ -33,14 +34,14 @@ from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, San
 from conch.sandbox.baseroot import RUNTIME_ENV
 from conch.sandbox.bwrap import (DEFAULT_PATH, BoxConfig, Cgroups, launcher_argv, proc_start_time, require_host,
                                  warn_once, write_id_maps)
+from conch.sandbox.enter import enter_binary
 from conch.sandbox.localbuild import LocalImage, build_image, lookup, place_download, safe_extract
 from conch.sandbox.readback import CapWriter, ReadBackError
 from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell, pidfd_wait, settle, unread_bytes
 
 _INIT = ("echo ready; exec >/dev/null 2>&1 </dev/null; trap : TERM INT HUP QUIT USR1 USR2; "
          "while :; do sleep 86400 & wait $!; done")
-_NSENTER_NS = ("-U", "-m", "-n", "-p", "-i", "-u", "-C")
-# Host-side wrapper that moves itself into the sandbox's cgroups, then execs nsenter: cheaper than a
+# Host-side wrapper that moves itself into the sandbox's cgroups, then execs conch-enter: cheaper than a
 # preexec_fn, which forces a full fork() of the (possibly huge) Python process instead of vfork().
 _JOIN = 'p=$$; while [ "$1" != -- ]; do echo "$p" > "$1" 2>/dev/null; shift; done; shift; exec "$@"'
 
@@ -122,7 +123,7 @@ class LocalSandbox:
 
         envdef = environment_of(self.spec.context_dir, self.spec.dockerfile, self.spec.compose_file)
         if envdef.image and envdef.dockerfile is None:
-            warn_once(f"image:{envdef.image}", f"compose image {envdef.image} runs on the local Debian bookworm "
+            warn_once(f"image:{envdef.image}", f"compose image {envdef.image} runs on the local Debian trixie "
                                                "base root (use --sandbox docker for the exact image)", kind="note")
         self.image = await asyncio.to_thread(build_image, envdef.context_dir, envdef.dockerfile)
         gc_sandboxes()
@@ -138,9 +139,9 @@ class LocalSandbox:
             self._cgroups = Cgroups(sid)
             self._cgroups.create(limits)
             self._write_owner({})
-            binds = self._identity_files(state, safe[:63])
+            files = self._identity_files(state, safe[:63])
             cfg = BoxConfig(state_dir=state, lowers=self.image.lowers, disk_image=disk, tmpfs_mb=tmpfs_mb,
-                            network=False, hostname=safe[:63], file_binds=binds)
+                            hostname=safe[:63], box_files=files, cgroup_views=self._cgroups.views())
             files = self._cgroups.procs_files()
             with open(state / "launch.log", "wb") as log:
                 self._launcher = await asyncio.create_subprocess_exec(
@@ -160,6 +161,7 @@ class LocalSandbox:
                 log_text = (state / "launch.log").read_text(errors="replace")[-2000:]
                 raise SandboxError(f"local sandbox {self.name!r} failed to start: {log_text or line!r}")
             self.init_pid = kids[0]
+            await self._seal()
             self._write_owner({"launcher_pid": self._launcher.pid,
                                "launcher_start": proc_start_time(self._launcher.pid),
                                "init_pid": self.init_pid, "init_start": proc_start_time(self.init_pid)})
@@ -173,9 +175,19 @@ class LocalSandbox:
             await self.exec(f"mkdir -p -- {_q(self._cwd)}", cwd="/")
         self.start_seconds = time.monotonic() - t0
 
+    async def _seal(self) -> None:
+        """Make /proc/sys and its kin read-only in the box before any command runs in it (enter.c, --seal)."""
+        proc = await asyncio.create_subprocess_exec(enter_binary(), "--seal", str(self.init_pid),
+                                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise SandboxError(f"local sandbox {self.name!r}: could not make /proc/sys read-only: "
+                               f"{out.decode(errors='replace').strip()[-500:]}")
+
     def _identity_files(self, state: Path, hostname: str) -> tuple[tuple[str, str], ...]:
         """/etc/hosts and /etc/hostname of this box (as Docker does): the image's hosts file plus a line that
-        makes the box's own hostname resolve, bound writable from the state folder."""
+        makes the box's own hostname resolve, copied into the box's writable layer (so writes to them count
+        against its disk limit)."""
         assert self.image is not None
         found = lookup(list(self.image.lowers), ["etc", "hosts"])
         hosts = found.read_text(errors="replace") if found is not None and found.is_file() else ""
@@ -255,7 +267,7 @@ class LocalSandbox:
         # `cd` on the command's own first line keeps bash's error line numbers unchanged.
         text = f"cd -- {_q(cwd or self._cwd)} || exit 125; {script}"
         return ["/bin/sh", "-c", _JOIN, "sh", *files, "--", *_default_signals(),
-                "nsenter", "-t", str(pid), *_NSENTER_NS, "--root", "--wd", "bash", "-c", text]
+                enter_binary(), str(pid), "--", "bash", "-c", text]
 
     async def spawn(self, script: str, *, cwd: str | None = None, env: dict[str, str] | None = None,
                     limited: bool = True, stdin: int = subprocess.DEVNULL) -> asyncio.subprocess.Process:
@@ -406,7 +418,7 @@ class _NsenterShellTransport:
             try:
                 await asyncio.wait_for(process_exit(proc), 0.2)
             except asyncio.TimeoutError:
-                for pid in [*_children(proc.pid), proc.pid]:  # the in-box bash first, then nsenter
+                for pid in [*_children(proc.pid), proc.pid]:  # the in-box bash first, then conch-enter
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:

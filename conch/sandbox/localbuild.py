@@ -249,17 +249,19 @@ def _run_step(df: Path, step: BuildStep, key: str, layer: Path, lowers: list[Pat
     tmp = layer.parent / f".tmp-{layer.name}-{secrets.token_hex(4)}"
     diff = tmp / "diff"
     diff.mkdir(parents=True)
+    os.chown(diff, ID_BASE, ID_BASE)  # the root of the box's writable layer belongs to box root
     t0 = time.monotonic()
     try:
         if step.kind == "run":
             (tmp / "work").mkdir()
             binds, ca_env = _build_ca(tmp)
-            cfg = BoxConfig(state_dir=tmp, lowers=tuple(lowers), upper_dir=diff, work_dir=tmp / "work",
-                            network=True, hostname="buildkitsandbox", file_binds=binds)
-            env = {**BUILD_ENV, **ca_env, **dict(step.env)}
-            rc, tail = run_box(cfg, list(step.argv), env=env, cwd=step.workdir,
-                               stdin_data=step.stdin.encode() if step.stdin is not None else None,
-                               log_prefix="  | ", capture=quiet)
+            with build_network() as net:  # the package registries through conch's proxy, nothing else
+                cfg = BoxConfig(state_dir=tmp, lowers=tuple(lowers), upper_dir=diff, work_dir=tmp / "work",
+                                netns=net.netns, hostname="buildkitsandbox", ro_binds=binds)
+                env = {**BUILD_ENV, **ca_env, **net.env, **dict(step.env)}
+                rc, tail = run_box(cfg, list(step.argv), env=env, cwd=step.workdir,
+                                   stdin_data=step.stdin.encode() if step.stdin is not None else None,
+                                   log_prefix="  | ", capture=quiet)
             shutil.rmtree(tmp / "work", ignore_errors=True)
             (tmp / "build-ca.crt").unlink(missing_ok=True)
             if rc != 0:
@@ -271,6 +273,8 @@ def _run_step(df: Path, step: BuildStep, key: str, layer: Path, lowers: list[Pat
             copy_from_stage(df, step, list(stage.lowers), lowers, diff)
         else:
             _copy_step(df, step, lowers, diff, context, sources, ignore)
+        if step.kind != "run":
+            shift_tree(diff)  # written here on the host: give its files box ids
         empty = not any(os.scandir(diff))
         meta = {"key": key, "kind": step.kind, "line": step.line, "text": step.text, "empty": empty,
                 "base": recipe_id(), "seconds": round(time.monotonic() - t0, 3), "created": time.time()}

@@ -21,6 +21,7 @@ from pathlib import Path
 from conch.sandbox import make_sandbox
 from conch.sandbox.base import Sandbox
 from conch.sandbox.network import granted
+from conch.tasks.fields import check_tree
 from conch.tasks.model import Task, TaskLoadError
 from conch.verify import VerifyResult, verify
 from conch.verify_parsers import static_test_count
@@ -117,6 +118,8 @@ _AGENT_FNS = {"oracle": run_oracle, "nop": run_nop}
 def _static_total(task: Task | TaskLoadError) -> int:
     tests_dir = task.tests_dir if isinstance(task, Task) else Path(task.path) / "tests"
     try:
+        if not isinstance(task, Task):
+            check_tree(Path(task.path))  # a folder refused for links out of it or pipes is not read at all
         return static_test_count(tests_dir)
     except Exception:
         return 0

@@ -298,9 +298,9 @@ def _hash_context(h: Any, root: Path, paths: list[str]) -> None:
     for rel in paths:
         p = root / rel
         st = p.lstat()
-        h.update(f"\0{rel}\0{st.st_mode & 0o170755:o}\0".encode())
+        h.update(b"\0" + os.fsencode(rel) + f"\0{st.st_mode & 0o170755:o}\0".encode())  # any file name
         if p.is_symlink():
-            h.update(os.readlink(p).encode())
+            h.update(os.fsencode(os.readlink(p)))
         elif p.is_file():
             with open(p, "rb") as f:
                 for chunk in iter(lambda: f.read(1 << 20), b""):

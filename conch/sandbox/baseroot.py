@@ -37,7 +37,8 @@ from pathlib import Path
 
 from conch.sandbox import paths, uvshim
 from conch.sandbox.base import SandboxError
-from conch.sandbox.bwrap import DEFAULT_PATH, ID_BASE, ID_RANGE, BoxConfig, require_host, run_box, shift_tree
+from conch.sandbox.bwrap import DEFAULT_PATH, BoxConfig, require_host, run_box, shift_tree, write_id_maps
+from conch.sandbox.enter import enter_binary
 
 SUITE = "trixie"
 MIRROR = "http://deb.debian.org/debian"
@@ -327,13 +328,18 @@ def rootfs_tarball() -> Path:
     tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}")
     # The root is stored with box ids shifted by ID_BASE (bwrap.shift_tree): tar it from inside a user
     # namespace that maps them back, so the image has the ids 0..65535 of an ordinary root.
-    ids = f"{ID_BASE},0,{ID_RANGE}"
     with open(tmp, "wb") as out_fh:
-        proc = subprocess.run(["unshare", f"--map-users={ids}", f"--map-groups={ids}", "--", "tar",
-                               "--numeric-owner", "--xattrs", "-cf", "-", "."], cwd=root, stdout=out_fh,
-                              stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([enter_binary(), "--new-userns", "--", "tar", "--numeric-owner", "--xattrs", "-cf",
+                                 "-", "."], cwd=root, stdin=subprocess.PIPE, stdout=out_fh, stderr=subprocess.PIPE)
+        try:
+            write_id_maps(proc.pid)
+            _, err = proc.communicate(b"go\n")
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
-        raise SandboxError(f"tar of the base root failed: {proc.stderr[-2000:]}")
+        raise SandboxError(f"tar of the base root failed: {err.decode(errors='replace')[-2000:]}")
     os.rename(tmp, out)
     return out

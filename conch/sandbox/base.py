@@ -18,6 +18,12 @@ from typing import Protocol, runtime_checkable
 DEFAULT_OUTPUT_CAP = 64 * 1024  # bytes of output kept per stream (head + tail)
 
 
+# Docker's default capability set (moby oci/caps/defaults.go): all that root in a box keeps, on both backends
+# (enter.c spells the same list in C).
+BOX_CAPS = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP",
+            "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE")
+
+
 @dataclass(frozen=True)
 class ExecResult:
     """Outcome of one command.

@@ -28,19 +28,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conch.sandbox.base import Limits, SandboxError
+from conch.sandbox.base import BOX_CAPS, Limits, SandboxError
 from conch.sandbox.enter import enter_binary
 
 ID_RANGE = 65536
 # Host uid/gid of box root; box id n is host id ID_BASE + n. Far above any real account, below 2^31.
 ID_BASE = 1 << 30
-# Docker's default capability set (moby oci/caps/defaults.go); enter.c keeps the same list.
-BOX_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-            "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
-            "CAP_AUDIT_WRITE")
-# Read-only views of the host's /sys that programs in a box commonly read (CPU count and topology).
 # Mount point (host) of the per-box tmpfs through which host root hands paths over to bwrap.
 HANDOVER = "/run/conch-box"
+# Read-only views of the host's /sys that programs in a box commonly read (CPU count and topology).
 SYS_VIEWS = ("/sys/devices/system/cpu", "/sys/devices/system/node")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _warned: set[str] = set()
@@ -127,7 +123,7 @@ def launcher_argv(cfg: BoxConfig, box_argv: list[str], *, as_pid_1: bool, cwd: s
     bw = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
           "--hostname", cfg.hostname, "--bind", f"{HANDOVER}/root", "/", "--proc", "/proc", "--dev", "/dev",
           "--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/dev/shm", *_sys_args(cfg),
-          "--cap-drop", "ALL", *[a for cap in BOX_CAPS for a in ("--cap-add", cap)], "--chdir", cwd]
+          "--cap-drop", "ALL", *[a for cap in BOX_CAPS for a in ("--cap-add", f"CAP_{cap}")], "--chdir", cwd]
     if cfg.netns is None:
         bw.append("--unshare-net")
     # bwrap runs as box root, an unprivileged host uid that cannot walk CONCH_HOME (under root's home): what it

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec, ShellSession
+from conch.sandbox.base import BOX_CAPS, DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec, ShellSession
 from conch.sandbox import docker_images as images
 from conch.sandbox.disk_watch import DiskWatch, watch_container
 from conch.sandbox.exec_marker import UntilMarker, new_nonce, wrapped_argv
@@ -50,10 +50,6 @@ from conch.sandbox.readback import CapWriter
 from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell, pidfd_wait
 
 HOST_GRACE_S = 10.0  # host-side guard beyond a command's own timeout (the in-container `timeout` kills first)
-# Docker's default capabilities, pinned so that an engine configured otherwise gives boxes no more. None of them
-# reaches past the box: no SYS_ADMIN (mount), SYS_PTRACE, SYS_MODULE, NET_ADMIN, SYS_TIME, DAC_READ_SEARCH.
-BOX_CAPS = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP",
-            "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE")
 # HostConfig.ReadonlyPaths replaces the engine's default list, so that list (moby oci/defaults.go) comes first.
 ENGINE_READONLY = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 # Files the engine may bind-mount from its own folder on the host (inspect key, path in the box).

@@ -57,7 +57,9 @@ def _build(compiler: str) -> Path:
         done = subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
                               timeout=120)
         if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            first_error = next((ln for ln in lines if "error" in ln), lines[-1] if lines else "")
+            raise RuntimeError(f"{compiler} failed: {first_error.strip()}")
         os.replace(tmp, target)  # atomic: concurrent builders never load a half-written file
     finally:
         if os.path.exists(tmp):

@@ -28,14 +28,15 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conch.sandbox.base import Sandbox
-from conch.sandbox.readback import DOWNLOAD_CAP, LOG_CAP, REWARD_CAP, ReadBackError, clip, read_text, walk_regular
+from conch.sandbox.base import VERIFIER_RUN, Sandbox, VerifierSetup
+from conch.sandbox.readback import LOG_CAP, REWARD_CAP, ReadBackError, clip, read_text, walk_regular
 from conch.tasks.model import Task
 from conch.tasks.testdeps import WHEELS_IN_SANDBOX, prefetch
 from conch.verify_parsers import (
@@ -45,9 +46,9 @@ from conch.verify_parsers import (
     find_junit,
     parse_pytest_console,
     report_problems,
-    static_test_ids,
     verifier_failure_cause,
 )
+from conch.verify_check import StaticTests, reconcile, static_tests
 
 TESTS_DIR = "/tests"
 LOGS_DIR = "/logs/verifier"
@@ -55,6 +56,8 @@ OUTPUT_CAP = 1024 * 1024  # the pytest summary is at the very end; keep plenty s
 TAIL_CHARS = 4000
 # Where the base root's uv shim records interpreter substitutions (conch.sandbox.baseroot.WARNINGS_FILE).
 SANDBOX_WARNINGS = "/var/log/conch/warnings.log"
+# pytest's configuration files, in its own order of precedence; the first one in the tests folder is used.
+PYTEST_INIS = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class VerifyResult:
     details: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     log: str = ""  # the verifier's whole output (up to OUTPUT_CAP), kept when `error` is set
+    fault: str | None = None  # with `error`: "agent" (scored as a failure) or "infra" (excluded); `fault_of`
+    tampered: str | None = None  # why the results cannot be the task's tests' (conch.verify_check.reconcile)
 
 
 def read_reward(folder: Path) -> tuple[float | None, str | None]:
@@ -187,70 +192,104 @@ def _script_dest(task: Task) -> tuple[str, bool]:
         return f"{TESTS_DIR}/{task.test_script.name}", True  # TB1 run-tests.sh lives beside tests/
 
 
-async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
-    """Run the verifier of `task` in the started `sandbox`. Never raises for a verifier or sandbox failure."""
-    start = time.monotonic()
-    static_ids = static_test_ids(task.tests_dir)
-    script, separate = _script_dest(task)
-    try:
-        await sandbox.exec(f"rm -rf {TESTS_DIR} {LOGS_DIR} {SANDBOX_WARNINGS}; mkdir -p {LOGS_DIR} && "
-                           f"chmod 777 {LOGS_DIR}", timeout=60)
-        await sandbox.upload(task.tests_dir, TESTS_DIR)
-        if separate:
-            await sandbox.upload(task.test_script, script)
-        wheels, fetch_problem = await asyncio.to_thread(prefetch, task.test_script, task.tests_dir)
-        if wheels is not None:  # the script's pinned test-time installs, served offline
-            await sandbox.upload(wheels, WHEELS_IN_SANDBOX)
-        result = await sandbox.exec(
-            f"bash {script}", timeout=task.verifier_timeout_sec, env=dict(task.test_env), output_cap=OUTPUT_CAP
-        )
-        with tempfile.TemporaryDirectory(prefix="conch-verify-") as tmp:
-            logs = Path(tmp) / "verifier"
-            download_problem = None
-            try:
-                await sandbox.download(LOGS_DIR, logs, max_bytes=DOWNLOAD_CAP)
-            except ReadBackError as exc:  # over the cap: nothing of it is trusted
-                download_problem = f"verifier results refused: {clip(str(exc))}"
-                shutil.rmtree(logs, ignore_errors=True)
-                logs.mkdir(parents=True, exist_ok=True)
-            except Exception:  # the script may have removed the folder; treat as empty
-                logs.mkdir(parents=True, exist_ok=True)
-            output = result.stdout + ("\n" if result.stdout and result.stderr else "") + result.stderr
-            reward, reward_problem = read_reward(logs)
-            reward_problem = download_problem or reward_problem
-            tests, n_passed, n_total, source = outcomes_from(logs, output, static_ids)
-            details = {"files": _listing(logs), "report_problems": report_problems(logs)}
-        warnings = [w for w in (_internet_note(task, sandbox), fetch_problem) if w]
-        warnings += await _sandbox_warnings(sandbox)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # sandbox failure: report it, never a plain 0
-        return VerifyResult(
-            reward=None,
-            tests=[],
-            n_passed=0,
-            n_total=len(static_ids),
-            error=f"verifier could not run: {type(exc).__name__}: {clip(str(exc).strip(), 300)}",
-            seconds=time.monotonic() - start,
-            output_tail="",
-        )
+def _stage(tmp: Path, task: Task, wheels: Path | None, final: bool) -> VerifierSetup:
+    """Host folders for the verifier box: a copy of the tests (the script beside them when it lives outside),
+    empty results folders, and conch's own run folder (pytest.ini, uv cache, the task's wheels)."""
+    tests = tmp / "tests"
+    shutil.copytree(task.tests_dir, tests, symlinks=True)
+    _, separate = _script_dest(task)
+    if separate:
+        shutil.copy2(task.test_script, tests / task.test_script.name)
+    run = tmp / "run"
+    (run / "uv-cache").mkdir(parents=True)
+    (run / "pytest.ini").write_text("[pytest]\n")
+    if wheels is not None:
+        shutil.copytree(wheels, run / "wheels", copy_function=_link_or_copy)
+    return VerifierSetup(tests=tests, logs=tmp / "logs", warnings=tmp / "warnings", run=run, final=final)
 
-    error = _diagnose(result.timed_out, result.exit_code, task, reward, reward_problem, n_total, len(static_ids))
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def verifier_env(task: Task, has_wheels: bool) -> dict[str, str]:
+    """The verifier's environment: the task's, plus what keeps the agent's files out of the toolchain's way
+    (docs/safety.md): no user site-packages or script-dir imports, no uv/pip configuration files, an empty uv
+    cache, pytest's configuration and conftest search confined to /tests."""
+    ini = next((f"{TESTS_DIR}/{n}" for n in PYTEST_INIS if (task.tests_dir / n).is_file()), f"{VERIFIER_RUN}/pytest.ini")
+    env = dict(task.test_env)
+    addopts = f"--rootdir={TESTS_DIR} --confcutdir={TESTS_DIR} -p no:cacheprovider -c {ini}"
+    env["PYTEST_ADDOPTS"] = f"{addopts} {env['PYTEST_ADDOPTS']}" if env.get("PYTEST_ADDOPTS") else addopts
+    env.update({"PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1", "PYTHONDONTWRITEBYTECODE": "1", "UV_NO_CONFIG": "1",
+                "UV_CACHE_DIR": f"{VERIFIER_RUN}/uv-cache", "PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1"})
+    if has_wheels:
+        env["UV_FIND_LINKS"] = f"{WHEELS_IN_SANDBOX},{VERIFIER_RUN}/wheels"
+        env["PIP_FIND_LINKS"] = f"{WHEELS_IN_SANDBOX} {VERIFIER_RUN}/wheels"
+    return env
+
+
+def _failed(static: StaticTests, start: float, error: str, fault: str = "infra") -> VerifyResult:
+    return VerifyResult(reward=None, tests=[], n_passed=0, n_total=len(static.ids), error=error,
+                        seconds=time.monotonic() - start, output_tail="", fault=fault)
+
+
+async def verify(sandbox: Sandbox, task: Task, final: bool = True) -> VerifyResult:
+    """Run the verifier of `task` over the started `sandbox`'s filesystem, in a verifier box of its own
+    (`Sandbox.verification`). `final=False` (a mid-episode measurement) resumes the agent afterwards and leaves
+    it nothing of the verification. Never raises for a verifier or sandbox failure."""
+    start = time.monotonic()
+    static = static_tests(task.tests_dir)
+    script, _ = _script_dest(task)
+    wheels, fetch_problem = await asyncio.to_thread(prefetch, task.test_script, task.tests_dir)
+    refused = None
+    with tempfile.TemporaryDirectory(prefix="conch-verify-") as tmp:
+        try:
+            setup = await asyncio.to_thread(_stage, Path(tmp), task, wheels, final)
+            async with sandbox.verification(setup) as box:
+                result = await box.exec(f"bash {script}", timeout=task.verifier_timeout_sec,
+                                        env=verifier_env(task, wheels is not None), output_cap=OUTPUT_CAP)
+        except asyncio.CancelledError:
+            raise
+        except ReadBackError as exc:  # the results folder over its cap: nothing of it is trusted
+            refused = f"verifier results refused: {clip(str(exc))}"
+            shutil.rmtree(setup.logs, ignore_errors=True)
+            setup.logs.mkdir(parents=True, exist_ok=True)
+        except Exception as exc:  # sandbox failure: report it, never a plain 0
+            return _failed(static, start, f"verifier could not run: {type(exc).__name__}: "
+                                          f"{clip(str(exc).strip(), 300)}")
+        output = result.stdout + ("\n" if result.stdout and result.stderr else "") + result.stderr
+        logs = setup.logs
+        reward, reward_problem = read_reward(logs)
+        reward_problem = refused or reward_problem
+        tests, n_passed, n_total, source = outcomes_from(logs, output, list(static.ids))
+        details = {"files": _listing(logs), "report_problems": report_problems(logs)}
+        warnings = [w for w in (_internet_note(task, sandbox), fetch_problem) if w]
+        warnings += _sandbox_warnings(setup.warnings)
+    inconsistent = reconcile(tests, n_passed, n_total, source, static, output)
+    if inconsistent:
+        return VerifyResult(reward=None, tests=[], n_passed=0, n_total=len(static.ids),
+                            error=f"verifier result inconsistent with the task's tests: {inconsistent}",
+                            seconds=time.monotonic() - start, output_tail=output[-TAIL_CHARS:], source=source,
+                            exit_code=result.exit_code, details=details, warnings=warnings, log=output,
+                            fault="agent", tampered=inconsistent)
+    error = _diagnose(result.timed_out, result.exit_code, task, reward, reward_problem, n_total, len(static.ids))
     if not error and collection_failed(output):
         error = "verifier could not collect its tests"
+    cause = verifier_failure_cause(output) if error and not result.timed_out else None
     if error and details.get("report_problems"):
         error = f"{error}; {clip(details['report_problems'][0])}"
-    if error and not result.timed_out:
-        cause = verifier_failure_cause(output)
-        if cause:
-            error = f"{error}: {cause[0]}: {clip(cause[1])}"
-        elif last := _last_line(output):
-            error = f"{error}; last output: {last}"
+    if cause:
+        error = f"{error}: {cause[0]}: {clip(cause[1])}"
+    elif error and not result.timed_out and (last := _last_line(output)):
+        error = f"{error}; last output: {last}"
     if error:
         reward = None
-        n_total = max(n_total, len(static_ids))
+        n_total = max(n_total, len(static.ids))
     elif n_total == 0:  # no test ran (e.g. a reward-only verifier): the tests folder still sets the scale
-        n_total = len(static_ids)
+        n_total = len(static.ids)
     return VerifyResult(
         reward=reward,
         tests=tests,
@@ -264,7 +303,26 @@ async def verify(sandbox: Sandbox, task: Task) -> VerifyResult:
         details=details,
         warnings=warnings,
         log=output if error else "",
+        fault=fault_of(error, result.timed_out, result.exit_code, reward_problem, cause, output) if error else None,
     )
+
+
+def fault_of(error: str, timed_out: bool, exit_code: int | None, reward_problem: str | None,
+             cause: tuple[str, str] | None, output: str) -> str:
+    """Whose fault a verifier error is: "agent" (scored as a failure and trained on) or "infra" (excluded).
+
+    The agent's: the tests did not finish in the verifier's time (nothing of conch's runs then; what ran was
+    the task's tests over the agent's work), the verifier was killed by a signal (a memory limit the agent's
+    programs hit), the disk filled, a result file refused (a link or special file where a result belongs, a
+    record over its cap). Everything else (a sandbox failure, a missing interpreter or module, a dependency
+    conch could not serve offline, a broken test script) is the task's or the infrastructure's."""
+    if timed_out or (exit_code is not None and exit_code in (128 + 9, 128 + 15)):
+        return "agent"
+    if "No space left on device" in output or "Disk quota exceeded" in output:
+        return "agent"
+    if reward_problem and ("refused" in reward_problem or "download cap" in reward_problem):
+        return "agent"
+    return "infra"
 
 
 def _internet_note(task: Task, sandbox: Sandbox) -> str | None:
@@ -277,13 +335,13 @@ def _internet_note(task: Task, sandbox: Sandbox) -> str | None:
             "(sandbox.network = never; only pinned test-time installs are served offline)")
 
 
-async def _sandbox_warnings(sandbox: Sandbox) -> list[str]:
+def _sandbox_warnings(folder: Path) -> list[str]:
     """Lines the sandbox's tools wrote to SANDBOX_WARNINGS during the verifier run (deduplicated)."""
     try:
-        r = await sandbox.exec(f"cat {SANDBOX_WARNINGS} 2>/dev/null | head -c 20000", timeout=30)
-    except Exception:  # a sandbox that cannot answer any more: the run's own error says so
+        text = read_text(folder, "warnings.log", 20000)
+    except (FileNotFoundError, OSError, ReadBackError):
         return []
-    return list(dict.fromkeys(line.strip() for line in r.stdout.splitlines() if line.strip()))
+    return list(dict.fromkeys(line.strip() for line in text.splitlines() if line.strip()))
 
 
 def _last_line(output: str, limit: int = 160) -> str:

@@ -206,29 +206,50 @@ def parse_final_line(text: str) -> dict[str, int] | None:
     return counts
 
 
+_HEADER = re.compile(r"^=+ (.+?) =+$")
+
+
 def parse_pytest_console(text: str) -> PytestConsole:
-    """Named outcomes and the final tally from pytest output. Later lines win for a repeated name."""
+    """Named outcomes and the final tally from pytest output. Later lines win for a repeated name.
+
+    Only pytest's own lines are read: `-rA` lines inside a "short test summary info" section, `-v` lines in the
+    run's progress section. What a test printed (shown in the FAILURES / PASSES sections) is never a result."""
     named: dict[str, str] = {}
     skipped_anon: list[TestOutcome] = []
     collection_errors: list[str] = []
     verbose: dict[str, str] = {}
-    for line in _clean(text):
-        m = _SUMMARY_LINE.match(line)
-        if m:
-            word, node = m.groups()
-            if word == "ERROR" and "::" not in node:
-                collection_errors.append(node)  # "ERROR tests/t.py - ImportError": the module failed to import
-            else:
-                named[node] = _WORD_STATUS[word]
+    region = "run"
+    lines = _clean(text)
+    # without a summary section (no -rA), summary-shaped lines count only outside captured-output sections
+    summary_regions = ("summary",) if any(_HEADER.match(x) and "short test summary info" in x for x in lines) \
+        else ("summary", "run")
+    for line in lines:
+        header = _HEADER.match(line)
+        if header:
+            title = header.group(1).strip()
+            region = {"test session starts": "run", "short test summary info": "summary"}.get(title, "other")
+            if _FINAL_LINE.match(line):
+                region = "run"  # a tally ends a run; another may follow
             continue
-        m = _SKIPPED_LINE.match(line)
-        if m:
-            n, where = int(m.group(1)), m.group(2)
-            skipped_anon.extend(TestOutcome(f"{where}::skipped[{len(skipped_anon) + k}]", "skipped") for k in range(n))
-            continue
-        m = _VERBOSE_LINE.match(line)
-        if m:
-            verbose[m.group(1)] = _WORD_STATUS[m.group(2)]
+        if region in summary_regions:
+            m = _SUMMARY_LINE.match(line)
+            if m:
+                word, node = m.groups()
+                if word == "ERROR" and "::" not in node:
+                    collection_errors.append(node)  # "ERROR tests/t.py - ImportError": the module failed to import
+                else:
+                    named[node] = _WORD_STATUS[word]
+                continue
+            m = _SKIPPED_LINE.match(line)
+            if m:
+                n, where = int(m.group(1)), m.group(2)
+                skipped_anon.extend(TestOutcome(f"{where}::skipped[{len(skipped_anon) + k}]", "skipped")
+                                    for k in range(n))
+                continue
+        if region == "run":
+            m = _VERBOSE_LINE.match(line)
+            if m:
+                verbose[m.group(1)] = _WORD_STATUS[m.group(2)]
     if named or skipped_anon:
         tests = [TestOutcome(k, v) for k, v in named.items()] + skipped_anon
     else:

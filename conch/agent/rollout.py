@@ -75,11 +75,10 @@ async def run_one(
         shell = await sandbox.shell()
 
         async def measure_progress(turn_idx: int) -> None:
-            # Reward mode `progress`: count passing tests every `verify_every` turns, then remove the tests
-            # again so the agent cannot read them.
+            # Reward mode `progress`: count passing tests every `verify_every` turns, in a verifier box over the
+            # agent's filesystem while the agent is frozen (it never sees the tests).
             if verify_every and (turn_idx + 1) % verify_every == 0:
-                res = await verify(sandbox, task)
-                await sandbox.exec("rm -rf /tests /logs/verifier", timeout=30)
+                res = await verify(sandbox, task, final=False)
                 traj.progress.append((turn_idx, res.n_passed))
 
         await run_episode(

@@ -11,6 +11,7 @@ travel between Ray workers later.
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -119,3 +120,33 @@ class Sandbox(Protocol):
         Links are copied as links (never followed on the host: read the result with conch/sandbox/readback.py).
         With `max_bytes`, an archive larger than that raises `ReadBackError` naming the cap."""
         ...
+
+    def verification(self, setup: "VerifierSetup") -> "AbstractAsyncContextManager[Sandbox]":
+        """A verifier box over the agent's filesystem as it is now (conch.sandbox.verifier_view): no process of
+        the agent runs in it or beside it, the verifier's toolchain is the image's, `setup`'s folders are bound
+        in. Leaving the context stops the verifier box (and, unless `setup.final`, resumes the agent)."""
+        ...
+
+
+# Where the verifier box shows conch's own files (read-write, never part of the agent's filesystem).
+VERIFIER_RUN = "/run/conch-verifier"
+
+
+@dataclass(frozen=True)
+class VerifierSetup:
+    """What a verifier box gets that the agent's box never had, and where its results come back.
+
+    `tests` (a staged copy of the task's tests, its test script included) appears read-only at /tests and `run`
+    (conch's pytest.ini, the task's prefetched wheels) read-only at VERIFIER_RUN, with an empty writable
+    VERIFIER_RUN/uv-cache. /logs/verifier and /var/log/conch start empty, on size-capped storage of the box
+    (never a host folder); when the verifier's command is done and the box's processes are stopped, the
+    backend copies them (links as links, nothing followed, `DOWNLOAD_CAP` in all, else `ReadBackError`) into
+    the new host folders `logs` and `warnings`, using no tool of the box. `final`: the agent's episode is
+    over, its processes are killed for good; otherwise (a mid-episode measurement) they are frozen for the
+    verification and resumed afterwards, and nothing the verifier wrote is left in the agent's filesystem."""
+
+    tests: Path
+    logs: Path
+    warnings: Path
+    run: Path
+    final: bool = True

@@ -96,6 +96,12 @@ class BoxConfig:
     bound read-only (a build's CA bundle); `box_files` are host files copied into the box's writable layer
     before it starts, so the box may change them and every byte counts against its disk limit (/etc/hosts).
     `cgroup_views`: (host cgroup dir, box path) of the box's own cgroups, shown read-only under /sys/fs/cgroup.
+
+    A verifier box (conch/sandbox/local_verify.py) is launched inside the agent box's outer mount namespace
+    (`mount_ns`), over an overlay whose one lower is the agent's mounted root; `pristine` are the image's layers
+    (shown read-only at HANDOVER/pristine) and `binds` its (mode, source, box path) mounts: "pristine" (a path
+    of the image), "agent" (a path of the box's own root, re-exposed under a pristine folder), "ro"/"rw" (a
+    host folder or file), "tmpfs" (source: its size cap in bytes), "mask-file"/"mask-dir" (empty, read-only).
     """
 
     state_dir: Path
@@ -110,6 +116,10 @@ class BoxConfig:
     ro_binds: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host file, box path)
     box_files: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host file, box path)
     cgroup_views: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host dir, box dir)
+    mount_ns: str | None = None
+    pristine: tuple[Path, ...] = ()
+    binds: tuple[tuple[str, str, str], ...] = field(default_factory=tuple)  # (mode, source, box path)
+    upper_dirs: tuple[str, ...] = ()  # real folders made in the upper first (they hide a link of a lower)
 
 
 def launcher_argv(cfg: BoxConfig, box_argv: list[str], *, as_pid_1: bool, cwd: str = "/") -> list[str]:
@@ -134,13 +144,49 @@ def launcher_argv(cfg: BoxConfig, box_argv: list[str], *, as_pid_1: bool, cwd: s
     for i, (host, box) in enumerate(cfg.ro_binds):
         steps.append(f"touch {HANDOVER}/file{i} && mount --bind {sh_quote(host)} {HANDOVER}/file{i}")
         bw += ["--ro-bind", f"{HANDOVER}/file{i}", box]
+    steps += _verifier_steps(cfg, bw)
     if as_pid_1:
         bw.append("--as-pid-1")
     bw.append("--")
     bw += box_argv
     steps.append(f"exec {sh_quote(enter_binary())} --new-userns -- " + " ".join(sh_quote(a) for a in bw))
     outer = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", "\n".join(steps)]
-    return outer if cfg.netns is None else ["nsenter", f"--net={cfg.netns}", "--", *outer]
+    joins = ([f"--net={cfg.netns}"] if cfg.netns else []) + ([f"--mount={cfg.mount_ns}"] if cfg.mount_ns else [])
+    return ["nsenter", *joins, "--", *outer] if joins else outer
+
+
+def _verifier_steps(cfg: BoxConfig, bw: list[str]) -> list[str]:
+    """Host-root shell lines that hand a verifier box's sources over, and their bwrap arguments (into `bw`)."""
+    steps: list[str] = []
+    if not cfg.binds:
+        return steps
+    if cfg.pristine:
+        steps.append(f"mkdir {HANDOVER}/pristine")
+        if len(cfg.pristine) == 1:
+            steps.append(f"mount --bind -o ro {sh_quote(check_mount_path(cfg.pristine[0]))} {HANDOVER}/pristine")
+        else:  # an overlay of lower layers only is read-only
+            common = os.path.commonpath([str(p) for p in cfg.pristine])
+            lowers = ":".join(os.path.relpath(check_mount_path(p), common) for p in cfg.pristine)
+            steps.append(f"cd {sh_quote(common)} && mount -t overlay overlay -o {sh_quote('ro,lowerdir=' + lowers)} "
+                         f"{HANDOVER}/pristine && cd /")
+    steps += [f"touch {HANDOVER}/empty && chmod 0444 {HANDOVER}/empty",
+              f"mkdir {HANDOVER}/emptydir && chmod 0555 {HANDOVER}/emptydir"]
+    for i, (mode, source, box) in enumerate(cfg.binds):
+        if mode == "pristine":
+            bw += ["--ro-bind", f"{HANDOVER}/pristine/{source}", box]
+        elif mode == "agent":
+            bw += ["--bind", f"{HANDOVER}/root/{source}", box]
+        elif mode in ("ro", "rw"):
+            kind = "mkdir" if os.path.isdir(source) else "touch"
+            steps.append(f"{kind} {HANDOVER}/b{i} && mount --bind {sh_quote(source)} {HANDOVER}/b{i}")
+            bw += ["--ro-bind" if mode == "ro" else "--bind", f"{HANDOVER}/b{i}", box]
+        elif mode == "tmpfs":  # source: the size cap in bytes
+            bw += ["--perms", "0777", "--size", source, "--tmpfs", box]
+        elif mode in ("mask-file", "mask-dir"):
+            bw += ["--ro-bind", f"{HANDOVER}/{'empty' if mode == 'mask-file' else 'emptydir'}", box]
+        else:
+            raise ValueError(f"unknown bind mode {mode!r}")
+    return steps
 
 
 def _overlay_steps(cfg: BoxConfig) -> list[str]:
@@ -154,6 +200,8 @@ def _overlay_steps(cfg: BoxConfig) -> list[str]:
             steps.append(f"mount -t tmpfs -o size={cfg.tmpfs_mb}m,nosuid,nodev tmpfs {sh_quote(str(rw))}")
         upper, work = rw / "upper", rw / "work"
         steps.append(f"mkdir -p {sh_quote(str(upper))} {sh_quote(str(work))}")
+        for rel in cfg.upper_dirs:
+            steps.append(f"mkdir -p {sh_quote(str(upper / rel))}")
         for host, box in cfg.box_files:
             dest = upper / box.lstrip("/")
             steps.append(f"mkdir -p {sh_quote(str(dest.parent))} && cp {sh_quote(host)} {sh_quote(str(dest))}")
@@ -313,12 +361,13 @@ class Cgroups:
         return cg
 
     def create(self, limits: Limits) -> None:
-        v1 = [c for c in ("pids", "memory", "cpu") if (_CG_ROOT / c / "cgroup.procs").exists()]
+        v1 = [c for c in ("pids", "memory", "cpu", "freezer") if (_CG_ROOT / c / "cgroup.procs").exists()]
         settings: dict[str, list[tuple[str, str]]] = {
             "pids": [("pids.max", str(limits.pids))],
             "memory": [("memory.limit_in_bytes", str(limits.memory_mb << 20)),
                        ("memory.memsw.limit_in_bytes", str(limits.memory_mb << 20))],
             "cpu": [("cpu.cfs_period_us", "100000"), ("cpu.cfs_quota_us", str(int(limits.cpus * 100000)))],
+            "freezer": [],  # no limit: `freeze` stops the box while its filesystem is verified
         }
         if v1:
             for ctrl in v1:
@@ -388,6 +437,45 @@ class Cgroups:
                 pass
         return found
 
+    def freeze(self, timeout: float = 10.0) -> None:
+        """Stop every process of the box where it stands (cgroup freezer; SIGSTOP without one), so nothing of
+        it runs, forks or writes until `thaw`."""
+        deadline = time.monotonic() + timeout
+        for p in self.paths:
+            if (p / "freezer.state").exists():  # v1
+                (p / "freezer.state").write_text("FROZEN")
+                while (p / "freezer.state").read_text().strip() != "FROZEN":
+                    if time.monotonic() > deadline:
+                        raise SandboxError(f"could not freeze the sandbox's processes ({p})")
+                    time.sleep(0.002)
+                return
+            if (p / "cgroup.freeze").exists():  # v2
+                (p / "cgroup.freeze").write_text("1")
+                while "frozen 1" not in (p / "cgroup.events").read_text():
+                    if time.monotonic() > deadline:
+                        raise SandboxError(f"could not freeze the sandbox's processes ({p})")
+                    time.sleep(0.002)
+                return
+        stopped: set[int] = set()
+        while (pids := self.pids() - stopped) and time.monotonic() < deadline:  # no freezer: stop until stable
+            for pid in pids:
+                try:
+                    os.kill(pid, 19)  # SIGSTOP
+                except ProcessLookupError:
+                    pass
+            stopped |= pids
+
+    def thaw(self) -> None:
+        for p in self.paths:
+            for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                if (p / name).exists():
+                    (p / name).write_text(value)
+        for pid in self.pids():
+            try:
+                os.kill(pid, 18)  # SIGCONT (what the fallback stopped)
+            except ProcessLookupError:
+                pass
+
     def kill_all(self, timeout: float = 5.0) -> None:
         for p in self.paths:
             if (p / "cgroup.kill").exists():  # cgroup v2, Linux 5.14+
@@ -402,6 +490,12 @@ class Cgroups:
                     os.kill(pid, 9)
                 except ProcessLookupError:
                     pass
+            for p in self.paths:  # a frozen (v1) process dies of its SIGKILL only once thawed
+                if (p / "freezer.state").exists():
+                    try:
+                        (p / "freezer.state").write_text("THAWED")
+                    except OSError:
+                        pass
             time.sleep(0.01)
 
     def remove(self) -> None:

@@ -27,10 +27,11 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 from conch.sandbox import paths
-from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec
+from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec, VerifierSetup
 from conch.sandbox.baseroot import RUNTIME_ENV
 from conch.sandbox.bwrap import (DEFAULT_PATH, BoxConfig, Cgroups, launcher_argv, proc_start_time, require_host,
                                  warn_once, write_id_maps)
@@ -142,29 +143,7 @@ class LocalSandbox:
             files = self._identity_files(state, safe[:63])
             cfg = BoxConfig(state_dir=state, lowers=self.image.lowers, disk_image=disk, tmpfs_mb=tmpfs_mb,
                             hostname=safe[:63], box_files=files, cgroup_views=self._cgroups.views())
-            files = self._cgroups.procs_files()
-            with open(state / "launch.log", "wb") as log:
-                self._launcher = await asyncio.create_subprocess_exec(
-                    "/bin/sh", "-c", _JOIN, "sh", *files, "--", *_default_signals(),
-                    *launcher_argv(cfg, ["/bin/bash", "-c", _INIT], as_pid_1=True), stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=log, env={"PATH": DEFAULT_PATH})
-            assert self._launcher.stdin is not None and self._launcher.stdout is not None
-            write_id_maps(self._launcher.pid)
-            self._launcher.stdin.write(b"go\n")
-            await self._launcher.stdin.drain()
-            try:
-                line = await asyncio.wait_for(self._launcher.stdout.readline(), 60)
-            except asyncio.TimeoutError:
-                line = b""
-            kids = _children(self._launcher.pid)
-            if line.strip() != b"ready" or not kids:
-                log_text = (state / "launch.log").read_text(errors="replace")[-2000:]
-                raise SandboxError(f"local sandbox {self.name!r} failed to start: {log_text or line!r}")
-            self.init_pid = kids[0]
-            await self._seal()
-            self._write_owner({"launcher_pid": self._launcher.pid,
-                               "launcher_start": proc_start_time(self._launcher.pid),
-                               "init_pid": self.init_pid, "init_start": proc_start_time(self.init_pid)})
+            await self._launch(cfg)
         except BaseException:
             await self.stop()
             raise
@@ -174,6 +153,72 @@ class LocalSandbox:
         if self._cwd != self.image.workdir:
             await self.exec(f"mkdir -p -- {_q(self._cwd)}", cwd="/")
         self.start_seconds = time.monotonic() - t0
+
+    async def _launch(self, cfg: BoxConfig) -> None:
+        """Start the box's pid 1 from `cfg` inside this box's cgroups; sets `init_pid` (state_dir is cfg's)."""
+        assert self._cgroups is not None and self.state_dir is not None
+        state = self.state_dir
+        with open(state / "launch.log", "wb") as log:
+            self._launcher = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", _JOIN, "sh", *self._cgroups.procs_files(), "--", *_default_signals(),
+                *launcher_argv(cfg, ["/bin/bash", "-c", _INIT], as_pid_1=True), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=log, env={"PATH": DEFAULT_PATH})
+        assert self._launcher.stdin is not None and self._launcher.stdout is not None
+        write_id_maps(self._launcher.pid)
+        self._launcher.stdin.write(b"go\n")
+        await self._launcher.stdin.drain()
+        try:
+            line = await asyncio.wait_for(self._launcher.stdout.readline(), 60)
+        except asyncio.TimeoutError:
+            line = b""
+        kids = _children(self._launcher.pid)
+        if line.strip() != b"ready" or not kids:
+            log_text = (state / "launch.log").read_text(errors="replace")[-2000:]
+            raise SandboxError(f"local sandbox {self.name!r} failed to start: {log_text or line!r}")
+        self.init_pid = kids[0]
+        await self._seal()
+        self._write_owner({"launcher_pid": self._launcher.pid,
+                           "launcher_start": proc_start_time(self._launcher.pid),
+                           "init_pid": self.init_pid, "init_start": proc_start_time(self.init_pid)})
+
+    @property
+    def launcher_pid(self) -> int | None:
+        """Host pid of the box's launcher, whose mount namespace holds the box's mounted root (state/merged)."""
+        return self._launcher.pid if self._launcher is not None and self._launcher.returncode is None else None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment every command of the box starts with (image, task and conch defaults)."""
+        return dict(self._env)
+
+    @property
+    def cwd(self) -> str:
+        return self._cwd
+
+    async def freeze(self) -> None:
+        """Stop every process of the box where it stands (`thaw` resumes them)."""
+        if self._cgroups is not None:
+            await asyncio.to_thread(self._cgroups.freeze)
+
+    async def thaw(self) -> None:
+        if self._cgroups is not None:
+            await asyncio.to_thread(self._cgroups.thaw)
+
+    async def kill_processes(self) -> None:
+        """Kill every process of the box, daemons and `setsid` children included (its pid namespace dies with
+        its pid 1), but keep its files: they stay mounted wherever another namespace still holds them."""
+        if self.init_pid is not None:
+            try:
+                os.kill(self.init_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self._cgroups is not None:
+            await asyncio.to_thread(self._cgroups.kill_all)
+
+    def verification(self, setup: VerifierSetup) -> AbstractAsyncContextManager[LocalSandbox]:
+        from conch.sandbox.local_verify import verifier_box
+
+        return verifier_box(self, setup)
 
     async def _seal(self) -> None:
         """Make /proc/sys and its kin read-only in the box before any command runs in it (enter.c, --seal)."""

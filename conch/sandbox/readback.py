@@ -136,3 +136,44 @@ class CapWriter:
         if self.total > self.cap:
             raise ReadBackError(f"{self.what} is over the {human(self.cap)} download cap")
         return self.fh.write(data)
+
+
+def copy_out(src: str | os.PathLike, dest: Path, cap: int = DOWNLOAD_CAP, max_files: int = MAX_FILES) -> None:
+    """Copy the tree at host path `src` (written by a box) into the new folder `dest`: folders and regular
+    files, links re-created as links (never followed), anything else left out; `ReadBackError` past `cap`
+    bytes or `max_files` entries. Every component is opened with O_NOFOLLOW below `src`."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    total, seen = 0, 0
+    dest.mkdir(parents=True, exist_ok=True)
+    stack = [(os.open(src, flags | os.O_DIRECTORY), dest)]
+    try:
+        while stack:
+            fd, out = stack.pop()
+            try:
+                for name in os.listdir(fd):
+                    seen += 1
+                    if seen > max_files:
+                        raise ReadBackError(f"{Path(src).name} holds over {max_files} entries (listing cap)")
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    target = out / name
+                    if stat.S_ISDIR(st.st_mode):
+                        target.mkdir()
+                        stack.append((os.open(name, flags | os.O_DIRECTORY, dir_fd=fd), target))
+                    elif stat.S_ISLNK(st.st_mode):
+                        os.symlink(os.readlink(name, dir_fd=fd), target)
+                    elif stat.S_ISREG(st.st_mode):
+                        total += st.st_size
+                        if total > cap:
+                            raise ReadBackError(f"{Path(src).name} is over the {human(cap)} download cap")
+                        leaf = os.open(name, flags | os.O_NONBLOCK, dir_fd=fd)
+                        try:
+                            with open(target, "wb") as fh:
+                                while chunk := os.read(leaf, 1 << 20):
+                                    fh.write(chunk)
+                        finally:
+                            os.close(leaf)
+            finally:
+                os.close(fd)
+    finally:
+        for fd, _ in stack:
+            os.close(fd)

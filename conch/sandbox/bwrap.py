@@ -101,7 +101,8 @@ class BoxConfig:
     (`mount_ns`), over an overlay whose one lower is the agent's mounted root; `pristine` are the image's layers
     (shown read-only at HANDOVER/pristine) and `binds` its (mode, source, box path) mounts: "pristine" (a path
     of the image), "agent" (a path of the box's own root, re-exposed under a pristine folder), "ro"/"rw" (a
-    host folder or file), "tmpfs" (source: its size cap in bytes), "mask-file"/"mask-dir" (empty, read-only).
+    host folder or file), "tmpfs" (source: its size cap in bytes), "cow" (a
+    writable copy-on-write view of the image's folder `source`), "mask-file"/"mask-dir" (empty, read-only).
     """
 
     state_dir: Path
@@ -120,6 +121,7 @@ class BoxConfig:
     pristine: tuple[Path, ...] = ()
     binds: tuple[tuple[str, str, str], ...] = field(default_factory=tuple)  # (mode, source, box path)
     upper_dirs: tuple[str, ...] = ()  # real folders made in the upper first (they hide a link of a lower)
+    upper_files: tuple[str, ...] = ()  # empty files made there likewise (mount points of file binds)
 
 
 def launcher_argv(cfg: BoxConfig, box_argv: list[str], *, as_pid_1: bool, cwd: str = "/") -> list[str]:
@@ -180,6 +182,12 @@ def _verifier_steps(cfg: BoxConfig, bw: list[str]) -> list[str]:
             kind = "mkdir" if os.path.isdir(source) else "touch"
             steps.append(f"{kind} {HANDOVER}/b{i} && mount --bind {sh_quote(source)} {HANDOVER}/b{i}")
             bw += ["--ro-bind" if mode == "ro" else "--bind", f"{HANDOVER}/b{i}", box]
+        elif mode == "cow":  # a writable copy-on-write view of the image's folder `source`, upper on a tmpfs
+            c = f"{HANDOVER}/c{i}"
+            steps += [f"mkdir {c} && mount -t tmpfs -o size={64 << 30},mode=0755 conch-cow {c}",
+                      f"mkdir {c}/u {c}/w {c}/m && chown {ID_BASE}:{ID_BASE} {c}/u",
+                      f"mount -t overlay overlay -o {sh_quote(f'lowerdir={HANDOVER}/pristine/{source},upperdir={c}/u,workdir={c}/w')} {c}/m"]
+            bw += ["--bind", f"{c}/m", box]
         elif mode == "tmpfs":  # source: the size cap in bytes
             bw += ["--perms", "0777", "--size", source, "--tmpfs", box]
         elif mode in ("mask-file", "mask-dir"):
@@ -200,8 +208,10 @@ def _overlay_steps(cfg: BoxConfig) -> list[str]:
             steps.append(f"mount -t tmpfs -o size={cfg.tmpfs_mb}m,nosuid,nodev tmpfs {sh_quote(str(rw))}")
         upper, work = rw / "upper", rw / "work"
         steps.append(f"mkdir -p {sh_quote(str(upper))} {sh_quote(str(work))}")
-        for rel in cfg.upper_dirs:
-            steps.append(f"mkdir -p {sh_quote(str(upper / rel))}")
+        if cfg.upper_dirs:
+            steps.append("mkdir -p " + " ".join(sh_quote(str(upper / rel)) for rel in cfg.upper_dirs))
+        if cfg.upper_files:
+            steps.append("touch " + " ".join(sh_quote(str(upper / rel)) for rel in cfg.upper_files))
         for host, box in cfg.box_files:
             dest = upper / box.lstrip("/")
             steps.append(f"mkdir -p {sh_quote(str(dest.parent))} && cp {sh_quote(host)} {sh_quote(str(dest))}")

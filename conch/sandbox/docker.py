@@ -35,11 +35,13 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from conch.sandbox.base import BOX_CAPS, DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec, ShellSession
+from conch.sandbox.base import (BOX_CAPS, DEFAULT_OUTPUT_CAP, ExecResult, Sandbox, SandboxError, SandboxSpec,
+                                ShellSession, VerifierSetup)
 from conch.sandbox import docker_images as images
 from conch.sandbox.disk_watch import DiskWatch, watch_container
 from conch.sandbox.exec_marker import UntilMarker, new_nonce, wrapped_argv
@@ -279,6 +281,8 @@ def _slug(name: str) -> str:
 class DockerSandbox:
     """A Sandbox (see conch/sandbox/base.py) backed by one Docker container."""
 
+    _entrypoint: tuple[str, ...] = ("sleep", "infinity")  # the idle init's child (a verifier box's: the image's)
+
     def __init__(self, spec: SandboxSpec) -> None:
         self.spec = spec
         self.name = spec.name
@@ -372,10 +376,11 @@ class DockerSandbox:
             storage = {"storage_opt": {"size": f"{lim.storage_mb}m"}} if _storage_opt_ok else {}
             host_config = api.create_host_config(**config, **storage)
             host_config["ReadonlyPaths"] = readonly  # MaskedPaths is left unset: the engine's defaults apply
+            host_config.update(self._extra_host_config())
             try:
                 self._quota_enforced = bool(storage)
                 api.create_container(
-                    self.image, name=self.container, entrypoint=["sleep", "infinity"], detach=True,
+                    self.image, name=self.container, entrypoint=list(self._entrypoint), detach=True,
                     environment=self._env, working_dir=self._workdir, labels=labels, network_disabled=True,
                     host_config=host_config)
                 return
@@ -388,6 +393,16 @@ class DockerSandbox:
                     print(f"conch: note: the Docker engine cannot limit container disk size here "
                           f"({exc.explanation}); conch enforces storage limits with a watchdog on each "
                           "container's writable layer instead", file=sys.stderr, flush=True)
+
+    def _extra_host_config(self) -> dict[str, Any]:
+        """More HostConfig keys for `_create` (a verifier box's mounts: conch/sandbox/docker_verify.py)."""
+        return {}
+
+    def verification(self, setup: VerifierSetup) -> AbstractAsyncContextManager[Sandbox]:
+        """A verifier container over a snapshot of this one (conch/sandbox/docker_verify.py)."""
+        from conch.sandbox.docker_verify import verifier_box
+
+        return verifier_box(self, setup)
 
     async def stop(self) -> None:
         if self._disk_watch is not None:
@@ -502,6 +517,7 @@ class GcReport:
     containers: list[str] = field(default_factory=list)
     images: list[str] = field(default_factory=list)
     kept_running: int = 0  # containers of live conch processes, left alone
+    verifier: list[str] = field(default_factory=list)  # verifier boxes' snapshot images and volumes
 
 
 def _owner_alive(owner: str) -> bool:
@@ -531,6 +547,9 @@ def gc(everything: bool = False, remove_images: bool = False) -> GcReport:
                 report.containers.append((ct.get("Names") or [ct["Id"][:12]])[0].lstrip("/"))
             except docker.errors.NotFound:
                 pass
+        from conch.sandbox.docker_verify import gc_leftovers  # verifier boxes' snapshot images and volumes
+
+        report.verifier = gc_leftovers(c, lambda owner: not everything and _owner_alive(owner))
         if remove_images:
             used = {ct["ImageID"] for ct in c.api.containers(all=True)}
             for img in c.api.images(filters={"label": f"{images.LABEL_KIND}=env"}):

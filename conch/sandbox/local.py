@@ -278,6 +278,8 @@ class LocalSandbox:
                 os.kill(self.init_pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if self._cgroups is not None:  # a frozen box dies of its SIGKILL only once thawed
+            await asyncio.to_thread(self._cgroups.thaw)
         if self._launcher is not None:
             if self._launcher.returncode is None:
                 try:

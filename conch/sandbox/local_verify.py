@@ -38,6 +38,7 @@ from conch.sandbox.verifier_view import Change, HostTree, LayersTree, Memo, plan
 MOUNTS = (("tests", "ro", "/tests"), ("run", "ro", VERIFIER_RUN), ("", "tmpfs", f"{VERIFIER_RUN}/uv-cache"),
           ("", "tmpfs", "/logs/verifier"), ("", "tmpfs", "/var/log/conch"))
 COLLECT = (("logs", "logs/verifier"), ("warnings", "var/log/conch"))  # (setup field, box path) copied out
+UV_CACHE = "root/.cache/uv"  # where the base root's build left uv's cache, warm with the verifier's wheels
 VERIFY_TMPFS_MB = 4096  # the verifier's writable layer
 
 
@@ -47,10 +48,26 @@ def pristine_tree(lowers: tuple[Path, ...]) -> Memo:
     return Memo(LayersTree(list(lowers)))
 
 
-def _binds(changes: list[Change], setup: VerifierSetup) -> tuple[tuple[str, str, str], ...]:
+def _binds(changes: list[Change], setup: VerifierSetup, pristine: Memo) -> tuple[tuple[str, str, str], ...]:
     out = [(c.kind, c.source if c.kind == "pristine" else c.path, "/" + c.path) for c in changes]
-    out += [(mode, str(getattr(setup, field)) if field else str(DOWNLOAD_CAP), box) for field, mode, box in MOUNTS]
+    for field, mode, box in MOUNTS:
+        if box == f"{VERIFIER_RUN}/uv-cache" and pristine.kind(UV_CACHE) == "dir":
+            out.append(("cow", UV_CACHE, box))  # the image's warm uv cache, copy-on-write: uvx starts fast
+        else:
+            out.append((mode, str(getattr(setup, field)) if field else str(DOWNLOAD_CAP), box))
     return tuple(out)
+
+
+def _mount_points(changes: list[Change]) -> dict[str, tuple[str, ...]]:
+    """Every mount point made real in the verifier's upper layer before bubblewrap mounts on it: a link the
+    agent left on the way (or at the end) would otherwise lead the mount somewhere else."""
+    dirs = {box.lstrip("/") for _, _, box in MOUNTS}
+    files = set()
+    for c in changes:
+        parts = c.path.split("/")
+        dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
+        (dirs if c.folder else files).add(c.path)
+    return {"upper_dirs": tuple(sorted(dirs)), "upper_files": tuple(sorted(files - dirs))}
 
 
 def _own(setup: VerifierSetup) -> None:
@@ -77,7 +94,8 @@ class VerifierBox(LocalSandbox):
             raise SandboxError(f"sandbox {agent.name!r} is not running; nothing to verify")
         self.image = agent.image
         agent_root = HostTree(f"/proc/{launcher}/root{agent.state_dir}/merged")
-        changes = await asyncio.to_thread(plan, pristine_tree(tuple(agent.image.lowers)), agent_root)
+        pristine = pristine_tree(tuple(agent.image.lowers))
+        changes = await asyncio.to_thread(plan, pristine, agent_root)
         await asyncio.to_thread(_own, setup)
         sid = f"{agent.state_dir.name}-v{secrets.token_hex(2)}"
         state = paths.sandboxes_dir() / sid
@@ -92,8 +110,8 @@ class VerifierBox(LocalSandbox):
                             tmpfs_mb=min(VERIFY_TMPFS_MB, max(256, agent.spec.limits.storage_mb)),
                             hostname=agent.env.get("HOSTNAME", "sandbox"), cgroup_views=self._cgroups.views(),
                             mount_ns=f"/proc/{launcher}/ns/mnt", pristine=tuple(agent.image.lowers),
-                            binds=_binds(changes, setup),
-                            upper_dirs=tuple(box.lstrip("/") for _, _, box in MOUNTS))
+                            binds=_binds(changes, setup, pristine),
+                            **_mount_points(changes))
             await self._launch(cfg)
         except BaseException:
             await self.stop()

@@ -66,6 +66,7 @@ class Change:
     path: str
     kind: str
     source: str = ""
+    folder: bool = False  # what is mounted at `path` is a folder (else a file)
 
 
 class TreeReader(Protocol):
@@ -344,9 +345,10 @@ def plan(pristine: TreeReader, agent: TreeReader) -> list[Change]:
         source = resolve(pristine, path)
         kind = pristine.kind(source) if source is not None else None
         if kind in ("file", "dir"):
-            changes.append(Change(path, "pristine", source))
+            changes.append(Change(path, "pristine", source, folder=kind == "dir"))
         elif agent.kind(path) is not None:
-            changes.append(Change(path, "mask-dir" if agent.kind(path) == "dir" else "mask-file"))
+            folder = agent.kind(path) == "dir"
+            changes.append(Change(path, "mask-dir" if folder else "mask-file", folder=folder))
 
     for rel in (*TOOLCHAIN_DIRS, *TOOLCHAIN_FILES):
         keep(rel)
@@ -360,7 +362,7 @@ def plan(pristine: TreeReader, agent: TreeReader) -> list[Change]:
         keep(std)
         for site in SITE_NAMES:
             if agent.kind(f"{std}/{site}") == "dir":
-                changes.append(Change(f"{std}/{site}", "agent"))
+                changes.append(Change(f"{std}/{site}", "agent", folder=True))
     for etc in pristine.listdir("etc"):
         if fnmatch.fnmatchcase(etc, "python3*"):
             keep(f"etc/{etc}")

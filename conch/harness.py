@@ -60,6 +60,10 @@ class CheckResult:
             "n_total": self.n_total,
             "reward": self.reward,
             "error": self.error,
+            # whose fault the error was ("agent" | "infra"), and why the results could not be the tests' (or null)
+            "fault": (self.verify.fault if self.verify is not None and self.verify.error else "infra")
+            if self.error else None,
+            "tampered": self.verify.tampered if self.verify is not None else None,
             "seconds": round(self.seconds, 3),
         }
 

@@ -76,7 +76,7 @@ def test_check_table_output():
     lines = proc.stdout.splitlines()
     assert lines[0].split()[:6] == ["TASK", "TESTS", "RESOLVED", "REWARD", "NOP", "SECONDS"]
     assert lines[1].split()[:5] == ["rotate-backups", "4/4", "yes", "-", "1"]
-    assert lines[-1].startswith("1 tasks: 1 fully passed, 0 errors; tests 4/4 passed")
+    assert lines[-1].startswith("1 tasks: 1 fully passed, 0 errors (0 infra, 0 agent-caused, 0 tampered); tests 4/4 passed")
 
 
 def test_usage_errors(tmp_path):

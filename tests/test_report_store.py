@@ -217,3 +217,21 @@ def test_curves_keep_the_last_attempt_of_a_resumed_stage():
     assert [r["step"] for r in last_attempt(sft, "step")] == [1, 2]
     ppo = [{"iteration": 0, "v": 1}, {"iteration": 1, "v": 2}, {"iteration": 1, "v": 3}]
     assert [r["v"] for r in last_attempt(ppo, "iteration")] == [1, 3]
+
+
+def test_ppo_iteration_keeps_excluded_pairs(tmp_path):
+    """The reward partition hands excluded rollouts as (trajectory, reason) pairs; keeping them must not crash
+    (it did: `'tuple' object has no attribute 'tokens'` in the first iteration with an errored rollout)."""
+    from conch.report.hooks import RunRecorder
+
+    class P:
+        def __init__(self, traj):
+            self.traj, self.old_lp = traj, torch.tensor(traj.logprobs)
+            self.route_diff = torch.tensor([[0, 0]])
+
+    broken = episode(1, seed=9)
+    broken.verifier_error, broken.verifier_fault = "verifier could not collect its tests", "infra"
+    rec = RunRecorder(tmp_path, metrics=None, keep_rollouts=-1)
+    rec.ppo_iteration(0, [P(episode(1, seed=1))], [(broken, "verifier error: ...")])
+    recs = list(read_records(tmp_path))
+    assert len(recs) == 2 and {r["verifier_fault"] for r in recs} == {None, "infra"}

@@ -137,3 +137,26 @@ def test_nop_counts_cached_by_task_content(tmp_path, monkeypatch):
     (tmp_path / "word-count" / "tests" / "test_outputs.py").write_text("def test_changed():\n    pass\n")
     (task,) = load_tasks([tmp_path / "word-count"])
     assert nop.cached(task) is None  # another task content: measured again
+
+
+@pytest.mark.parametrize("mode", ["count", "fraction", "binary", "count_over_nop", "progress"])
+def test_agent_caused_verifier_errors_are_scored_as_failures(mode):
+    """Breaking the verifier must cost the policy: an agent-caused error scores 0 and is trained on."""
+    tr = make_traj(n_passed=0, verifier_error="verifier timed out after 60s", verifier_fault="agent")
+    tr.nop_passed = 1
+    assert exclusion_reason(tr) is None
+    assert scalar_reward(tr, mode) == 0.0
+
+
+def test_infra_errors_and_tampering_are_excluded_and_counted():
+    from conch.rl.rewards import reward_metrics
+
+    infra = make_traj(verifier_error="dependency unavailable offline", verifier_fault="infra")
+    forged = make_traj(n_passed=5, verifier_error="verifier result inconsistent", verifier_fault="agent",
+                       tampered="1000 results for the task's 5 tests")
+    broke = make_traj(n_passed=0, verifier_error="verifier timed out", verifier_fault="agent")
+    assert "verifier error" in exclusion_reason(infra)
+    assert "tampered" in exclusion_reason(forged)
+    m = reward_metrics([infra, forged, broke, make_traj()])
+    assert (m["reward/agent_errors"], m["reward/infra_errors"], m["reward/tampered"]) == (1, 1, 1)
+    assert m["reward/scored"] == 2 and m["reward/excluded"] == 2

@@ -103,6 +103,9 @@ async def run_one(
             result.reward,
             result.error,
         )
+        traj.verifier_fault, traj.tampered = result.fault, result.tampered
+        if result.error and result.fault == "agent":
+            traj.n_passed = 0  # the agent broke its own verification: a failure, never its partial count
         traj.tests = [{"name": t.name, "status": t.status} for t in result.tests]
     except asyncio.CancelledError:
         raise

@@ -83,6 +83,10 @@ class Trajectory:
     n_total: int = 0
     reward: float | None = None
     verifier_error: str | None = None
+    # With `verifier_error`: "agent" (the agent broke its verification: scored as a failure, trained on) or
+    # "infra" (excluded); `tampered` says why the verifier's results could not be the task's tests' (excluded).
+    verifier_fault: str | None = None
+    tampered: str | None = None
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     # Passing counts measured during the episode (reward mode `progress`): (turn index, n_passed).

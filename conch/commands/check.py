@@ -68,9 +68,12 @@ def format_table(results: list, nop: dict[str, int | None] | None = None) -> str
     n_passed = sum(r.n_passed for r in results)
     n_total = sum(r.n_total for r in results)
     solved = sum(1 for r in results if resolved(r))
-    errors = sum(1 for r in results if r.error)
+    errors = [r.to_json() for r in results if r.error]
+    agent = sum(1 for e in errors if e["fault"] == "agent" and not e["tampered"])
+    tampered = sum(1 for e in errors if e["tampered"])
     lines.append(
-        f"{len(results)} tasks: {solved} fully passed, {errors} errors; "
+        f"{len(results)} tasks: {solved} fully passed, {len(errors)} errors ({len(errors) - agent - tampered} infra, "
+        f"{agent} agent-caused, {tampered} tampered); "
         f"tests {n_passed}/{n_total} passed; {sum(r.seconds for r in results):.1f}s total task time"
     )
     return "\n".join(line.rstrip() for line in lines)

@@ -77,7 +77,9 @@ class RunRecorder:
 
     def ppo_iteration(self, it: int, prepared: list, excluded: list) -> float:
         """Keep `run.keep_rollouts` of this iteration's rollouts; the seconds spent (logged as
-        `time/trajectory_write_s`, the cost of keeping them)."""
+        `time/trajectory_write_s`, the cost of keeping them). `excluded`: the (trajectory, reason) pairs of
+        `rl.rewards.partition`."""
         if self.keep_rollouts == 0:
             return 0.0
-        return self.store.keep_ppo(it, prepared, self.keep_rollouts, seed=self.seed * 7919 + it, excluded=excluded)
+        return self.store.keep_ppo(it, prepared, self.keep_rollouts, seed=self.seed * 7919 + it,
+                                   excluded=[traj for traj, _ in excluded])

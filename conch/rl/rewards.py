@@ -18,10 +18,14 @@ become a learning signal is a training choice. Modes:
 
 Terminal modes place their single reward on the last sampled token.
 
-Exclusion is never a zero: a trajectory whose episode errored (sandbox/engine failure), whose verifier errored,
-that reported no test outcomes, or that has no sampled token, is *excluded* from the loss; `exclusion_reason`
-says why, and the scoring functions return None for it. Scoring such a trajectory 0 would punish the policy
-for infrastructure failures.
+Exclusion is never a zero: a trajectory whose episode errored (sandbox/engine failure), whose verifier errored
+for a reason not the agent's (`verifier_fault = "infra"`: a missing module, a dependency conch could not serve,
+a sandbox failure), whose verification was tampered with (results inconsistent with the task's tests), that
+reported no test outcomes, or that has no sampled token, is *excluded* from the loss; `exclusion_reason` says
+why, and the scoring functions return None for it. Scoring such a trajectory 0 would punish the policy for
+infrastructure failures. A verifier error the agent caused (`verifier_fault = "agent"`: the tests did not
+finish, the verifier ran out of memory or disk, a result file refused) is scored as a failure (n_passed = 0)
+and trained on: otherwise breaking the verifier whenever it is failing would cost a policy nothing.
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ def exclusion_reason(traj: "Trajectory") -> str | None:
     """Why `traj` must be left out of the loss, or None when it can be scored."""
     if traj.error or traj.stop_reason == StopReason.ERROR:
         return f"episode error: {traj.error or 'stop reason error'}"
-    if traj.verifier_error:
+    if traj.tampered:
+        return f"verifier tampered: {traj.tampered}"
+    if traj.verifier_error and getattr(traj, "verifier_fault", None) != "agent":
         return f"verifier error: {traj.verifier_error}"
     if traj.n_total <= 0:
         return "verifier reported no test outcomes (n_total = 0)"
@@ -156,6 +162,15 @@ def batch_rewards(trajs: "list[Trajectory]", mode: str = "count", length: int | 
     return out if device is None else out.to(device)
 
 
+def error_counts(trajs: "list[Trajectory]") -> dict[str, float]:
+    """Verifier errors by whose fault they were, and tampered verifications (metrics, report, `conch check`)."""
+    tampered = [t for t in trajs if t.tampered]
+    errors = [t for t in trajs if t.verifier_error and not t.tampered]
+    agent = sum(1 for t in errors if t.verifier_fault == "agent")
+    return {"reward/agent_errors": float(agent), "reward/infra_errors": float(len(errors) - agent),
+            "reward/tampered": float(len(tampered))}
+
+
 def reward_metrics(trajs: "list[Trajectory]", mode: str = "count") -> dict[str, float]:
     """`reward/` metrics over a rollout batch: means over scored trajectories, counts of excluded ones."""
     kept, excluded = partition(trajs)
@@ -165,6 +180,7 @@ def reward_metrics(trajs: "list[Trajectory]", mode: str = "count") -> dict[str, 
         "reward/excluded": float(len(excluded)),
         "reward/excluded_verifier": float(sum(1 for _, why in excluded if why.startswith("verifier error"))),
         "reward/excluded_episode": float(sum(1 for _, why in excluded if why.startswith("episode error"))),
+        **error_counts(trajs),
     }
     if n:
         out["reward/mean"] = sum(scalar_reward(tr, mode) or 0.0 for tr in kept) / n

@@ -54,7 +54,7 @@ def _binds(changes: list[Change], setup: VerifierSetup, pristine: Memo) -> tuple
         if box == f"{VERIFIER_RUN}/uv-cache" and pristine.kind(UV_CACHE) == "dir":
             out.append(("cow", UV_CACHE, box))  # the image's warm uv cache, copy-on-write: uvx starts fast
         else:
-            out.append((mode, str(getattr(setup, field)) if field else str(DOWNLOAD_CAP), box))
+            out.append((mode, str(getattr(setup, field)) if field else str(DOWNLOAD_CAP + (1 << 20)), box))
     return tuple(out)
 
 

@@ -140,7 +140,8 @@ class CapWriter:
 
 def copy_out(src: str | os.PathLike, dest: Path, cap: int = DOWNLOAD_CAP, max_files: int = MAX_FILES) -> None:
     """Copy the tree at host path `src` (written by a box) into the new folder `dest`: folders and regular
-    files, links re-created as links (never followed), anything else left out; `ReadBackError` past `cap`
+    files, links re-created as links (never followed), any other entry (a FIFO, a device) as an empty FIFO, so
+    a reader still finds it and refuses it as "not a regular file"; `ReadBackError` past `cap`
     bytes or `max_files` entries. Every component is opened with O_NOFOLLOW below `src`."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     total, seen = 0, 0
@@ -161,7 +162,9 @@ def copy_out(src: str | os.PathLike, dest: Path, cap: int = DOWNLOAD_CAP, max_fi
                         stack.append((os.open(name, flags | os.O_DIRECTORY, dir_fd=fd), target))
                     elif stat.S_ISLNK(st.st_mode):
                         os.symlink(os.readlink(name, dir_fd=fd), target)
-                    elif stat.S_ISREG(st.st_mode):
+                    elif not stat.S_ISREG(st.st_mode):
+                        os.mkfifo(target, 0o600)
+                    else:
                         total += st.st_size
                         if total > cap:
                             raise ReadBackError(f"{Path(src).name} is over the {human(cap)} download cap")

@@ -59,7 +59,8 @@ def test_check_examples(agent, expected):
     results = json.loads(proc.stdout)
     assert [r["task"] for r in results] == sorted(expected)
     for r in results:
-        assert set(r) == {"task", "n_passed", "n_total", "reward", "error", "seconds", "resolved", "nop_passed"}
+        assert set(r) == {"task", "n_passed", "n_total", "reward", "error", "fault", "tampered", "seconds", "resolved",
+                          "nop_passed"}
         assert r["resolved"] == (r["n_passed"] == r["n_total"])
         assert r["nop_passed"] == NOP[r["task"]][0]  # measured once per task (or this run's own nop count)
         assert r["error"] is None, (r["task"], r["error"])

@@ -150,7 +150,9 @@ def test_run_task_load_error_and_missing_solution(tmp_path):
     broken = load_task(task.path)
     result = asyncio.run(run_task(broken, "oracle", "local"))
     assert result.error and "instruction.md" in result.error and result.n_total == 3
-    assert set(result.to_json()) == {"task", "n_passed", "n_total", "reward", "error", "seconds"}
+    out = result.to_json()
+    assert set(out) == {"task", "n_passed", "n_total", "reward", "error", "fault", "tampered", "seconds"}
+    assert out["fault"] == "infra" and out["tampered"] is None
 
 
 def test_tb1_verifier_env_and_separate_script(tmp_path):

@@ -37,6 +37,8 @@ class Panel:
 PPO_PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("ppo-reward", "PPO reward", ("reward/mean",)),
     ("ppo-pass", "PPO pass rate and tests passed", ("reward/pass_all", "reward/tests_passed_mean", "reward/n_passed_mean")),
+    ("ppo-errors", "verifier errors and tampering per iteration (agent-caused are scored 0; infra and tampered "
+     "are excluded)", ("reward/agent_errors", "reward/infra_errors", "reward/tampered", "reward/excluded")),
     ("ppo-kl", "KL (approx. to old policy, to reference)", ("train/approx_kl", "train/kl_ref", "train/ref_kl")),
     ("ppo-clip", "clip fraction", ("train/clip_frac", "train/dual_clip_frac", "train/value_clip_frac")),
     ("ppo-entropy", "entropy", ("train/entropy",)),

@@ -23,7 +23,7 @@ from pathlib import Path
 from conch.sandbox.base import SandboxError
 
 REWARD_CAP = 64 * 1024  # a reward file holds one number or a tiny JSON object
-REPORT_CAP = 32 * 1024 * 1024  # CTRF / JUnit reports
+REPORT_CAP = 8 * 1024 * 1024  # CTRF / JUnit reports (a 10^6-test forgery is refused before parsing)
 LOG_CAP = 4 * 1024 * 1024  # per log file parsed for test results
 DOWNLOAD_CAP = 256 * 1024 * 1024  # a whole results folder copied out of a box
 MAX_FILES = 10_000  # entries listed below a downloaded folder

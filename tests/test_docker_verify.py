@@ -66,6 +66,8 @@ chmod +x /tmp/evil/win.sh""",
     "for d in /usr/local/lib/python3.13/dist-packages /usr/lib/python3.13 /usr/lib/python3/dist-packages; do "
     "mkdir -p $d && printf 'import atexit, subprocess\\natexit.register(lambda: subprocess.run([\"/tmp/evil/win.sh\"]))\\n'"
     " > $d/sitecustomize.py && echo 'import os; os.system(\"/tmp/evil/win.sh >/dev/null 2>&1\")' > $d/evil.pth; done",
+    # a .pth file whose name is not UTF-8 (the engine's API cannot name it; site.py runs it all the same)
+    f"printf 'import os; os.system(\"/tmp/evil/win.sh >/dev/null 2>&1\")\\n' > {SITE}/$'\\xff'.pth",
     # pytest configuration and a conftest that passes every test, at / and in the working folder
     "printf '[pytest]\\naddopts = -p no:randomly\\n' > /pytest.ini && "
     "printf 'import pytest\\n@pytest.hookimpl(hookwrapper=True)\\ndef pytest_runtest_makereport(item, call):\\n"
@@ -273,3 +275,94 @@ def test_gc_removes_a_dead_runs_snapshots_and_volumes(task):
         assert img not in {i["Id"] for i in c.api.images()}
     finally:
         c.close()
+
+
+# ------------------------------------------------------------------------------------------ without an engine
+
+
+class DictTree:
+    """A `TreeReader` over {path: "dir" | "file" | ("link", target)}."""
+
+    def __init__(self, entries: dict) -> None:
+        self.entries = entries
+
+    def kind(self, rel):
+        e = self.entries.get(rel)
+        if e is None:
+            return "dir" if any(p.startswith(rel + "/") for p in self.entries) else None
+        return e if isinstance(e, str) else "link"
+
+    def listdir(self, rel):
+        pre = rel + "/" if rel else ""
+        return sorted({p[len(pre):].split("/")[0] for p in self.entries if p.startswith(pre) and p != rel})
+
+    def readlink(self, rel):
+        e = self.entries.get(rel)
+        return e[1] if isinstance(e, tuple) else None
+
+    def read(self, rel, cap):
+        return b"" if self.entries.get(rel) == "file" else None
+
+
+def test_layout_fixes_what_the_agent_put_in_a_mounts_way():
+    pristine = DictTree({"usr/bin/tar": "file", "usr/bin/sh": ("link", "dash"), "usr/bin/dash": "file",
+                         "usr/local/sbin": "dir", "lib64": ("link", "usr/lib64"), "opt/conch/x": "file"})
+    agent = DictTree({"usr/bin/tar": "dir", "usr/bin/sh": ("link", "dash"), "usr/bin/dash": "file",
+                      "usr/local/sbin": ("link", "/tmp"), "lib64": "dir", "opt/conch/x": "file",
+                      "opt/conch/evil": "file"})
+    entries = [dv.Entry("usr/bin/tar", "pristine", "usr/bin/tar", "file"),
+               dv.Entry("usr/bin/sh", "pristine", "usr/bin/dash", "file"),
+               dv.Entry("usr/bin/dash", "pristine", "usr/bin/dash", "file"),
+               dv.Entry("usr/local/sbin/uvx", "mask-file", need="file"),
+               dv.Entry("opt/conch", "pristine", "opt/conch", "dir"),
+               dv.Entry("opt/conch/evil", "mask-file", need="file"),  # below a pristine folder: it shows none
+               dv.Entry("lib64", "link", "usr/lib64", "link")]
+    lay = dv.layout(entries, pristine, agent)
+    assert lay.fixes == [("lib64", "link", "usr/lib64"), ("usr/bin/tar", "file", ""), ("usr/local/sbin", "dir", "")]
+    # usr/bin/sh is the agent's link, the same as the image's: its target is bound instead of replacing it
+    assert sorted(e.path for e in lay.mounts) == ["opt/conch", "usr/bin/dash", "usr/bin/tar", "usr/local/sbin/uvx"]
+
+
+def test_layout_around_an_agent_site_folder():
+    pristine = DictTree({"py/os.py": "file", "py/encodings/x.py": "file", "py/site-packages/pytest": "file",
+                         "py/LICENSE": ("link", "../doc/LICENSE")})
+    agent = DictTree({"py/os.py": "file", "py/encodings/x.py": "file", "py/site-packages/pytest": "file",
+                      "py/site-packages/mine": "dir", "py/sitecustomize.py": "file", "py/LICENSE": "file",
+                      "py/evil": "dir", os.fsdecode(b"py/\xff.pth"): "file"})
+    changes = [dv.Change("py", "pristine", "py"), dv.Change("py/site-packages", "agent"),
+               dv.Change("py/site-packages/pytest", "pristine", "py/site-packages/pytest")]
+    entries = dv.entries_of(changes, pristine, agent)
+    got = {e.path: e.kind for e in entries}
+    assert got == {"py/os.py": "pristine", "py/encodings": "pristine", "py/LICENSE": "link",
+                   "py/sitecustomize.py": "mask-file", "py/evil": "mask-dir", os.fsdecode(b"py/\xff.pth"): "mask-file",
+                   "py/site-packages/pytest": "pristine"}, got
+    lay = dv.layout(entries, pristine, agent)
+    assert lay.fixes == [("py/LICENSE", "link", "../doc/LICENSE"), (os.fsdecode(b"py/\xff.pth"), "file", "")]
+
+
+def _whiteout(path: Path) -> None:
+    os.mknod(path, 0o600 | 0o020000, os.makedev(0, 0))
+
+
+def test_layer_stack_reads_layers_as_an_overlay_would(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("whiteouts and opaque folders need root")
+    top, mid, low = (tmp_path / n for n in ("top", "mid", "low"))
+    for d in (top / "etc", mid / "usr/lib/py", low / "usr/lib/py", low / "usr/lib/gone", low / "etc/opaque"):
+        d.mkdir(parents=True)
+    (low / "usr/lib/py/a.py").write_text("low")
+    (low / "usr/lib/py/b.py").write_text("low")
+    (mid / "usr/lib/py/a.py").write_text("mid")
+    _whiteout(mid / "usr/lib/py/b.py")
+    _whiteout(mid / "usr/lib/gone")
+    (low / "etc/opaque/old").write_text("x")
+    (top / "etc/opaque").mkdir()
+    (top / "etc/opaque/new").write_text("y")
+    os.setxattr(top / "etc/opaque", "trusted.overlay.opaque", b"y")
+    tree = dv.LayerStack([str(top), str(mid), str(low)])
+    assert tree.listdir("usr/lib") == ["py"]  # the top layer has no usr/: still listed from below
+    assert tree.listdir("usr/lib/py") == ["a.py"] and tree.kind("usr/lib/py/b.py") is None
+    assert tree.read("usr/lib/py/a.py", 10) == b"mid" and tree.kind("usr/lib/gone") is None
+    assert tree.listdir("etc/opaque") == ["new"]
+    assert [p for p, _ in dv.stack([str(top), str(mid), str(low)], "usr/lib/py")] == \
+        [str(mid / "usr/lib/py"), str(low / "usr/lib/py")]

@@ -296,6 +296,14 @@ def _around(path: str, source: str, keep: list[str], pristine: TreeReader, agent
                    else Entry(dst, "mask-file", need="file"))
 
 
+def _utf8(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def hops(tree: TreeReader, rel: str) -> tuple[tuple[tuple[str, str], ...], str | None]:
     """((link, its target), ...) that resolving `rel` in `tree` goes through, and where it ends (as `resolve`)."""
     parts = [p for p in rel.split("/") if p]
@@ -353,6 +361,11 @@ def layout(entries: list[Entry], pristine: TreeReader, agent: TreeReader) -> Lay
     for path in sorted(by_path, key=lambda p: (p.count("/"), p)):
         e = by_path[path]
         parts = path.split("/")
+        if not _utf8(path):  # the engine's API carries UTF-8 names only; its archive API any bytes
+            if e.kind not in ("mask-file", "mask-dir"):
+                raise SandboxError(f"docker verification: cannot mount at {path!r} (not UTF-8)")
+            fixes[path] = ("file", "")  # an empty file in place of the agent's file or folder
+            continue
         enclosing = next((a for a in ("/".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)) if a in folders),
                          None)
         if enclosing is not None:

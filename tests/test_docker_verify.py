@@ -64,21 +64,24 @@ chmod +x /tmp/evil/win.sh""",
     "cp /tmp/evil/win.sh /usr/bin/tar",
     # Python start-up hooks in the site and standard library folders
     "for d in /usr/local/lib/python3.13/dist-packages /usr/lib/python3.13 /usr/lib/python3/dist-packages; do "
-    "mkdir -p $d && printf 'import atexit, subprocess\\natexit.register(lambda: subprocess.run([\"/tmp/evil/win.sh\"]))\\n'"
+    "mkdir -p $d && printf 'import atexit, subprocess\\n"
+    "atexit.register(lambda: subprocess.run([\"/tmp/evil/win.sh\"]))\\n'"
     " > $d/sitecustomize.py && echo 'import os; os.system(\"/tmp/evil/win.sh >/dev/null 2>&1\")' > $d/evil.pth; done",
     # a .pth file whose name is not UTF-8 (the engine's API cannot name it; site.py runs it all the same)
     f"printf 'import os; os.system(\"/tmp/evil/win.sh >/dev/null 2>&1\")\\n' > {SITE}/$'\\xff'.pth",
     # pytest configuration and a conftest that passes every test, at / and in the working folder
     "printf '[pytest]\\naddopts = -p no:randomly\\n' > /pytest.ini && "
     "printf 'import pytest\\n@pytest.hookimpl(hookwrapper=True)\\ndef pytest_runtest_makereport(item, call):\\n"
-    "    out = yield\\n    out.get_result().outcome = \"passed\"\\n' > /conftest.py && cp /conftest.py /app/conftest.py",
+    "    out = yield\\n    out.get_result().outcome = \"passed\"\\n' > /conftest.py && "
+    "cp /conftest.py /app/conftest.py",
     # fake tests where the verifier's will be
     "mkdir -p /tests && cp /tmp/evil/win.sh /tests/test.sh",
     # a poisoned wheelhouse
     "for f in /opt/conch/wheels/*.whl; do echo junk > $f; done",
     # sleep (the verifier's idle init) becomes a daemon; timeout (around every command) reports a win first
     "printf '#!/bin/bash\\nwhile :; do /tmp/evil/win.sh >/dev/null 2>&1; /tmp/evil/realsleep 0.05; done\\n' "
-    "> /tmp/evil/sleep && printf '#!/bin/bash\\n/tmp/evil/win.sh >/dev/null 2>&1\\nexec /tmp/evil/realtimeout \"$@\"\\n'"
+    "> /tmp/evil/sleep && "
+    "printf '#!/bin/bash\\n/tmp/evil/win.sh >/dev/null 2>&1\\nexec /tmp/evil/realtimeout \"$@\"\\n'"
     " > /tmp/evil/timeout && chmod +x /tmp/evil/sleep /tmp/evil/timeout && "
     "mv /tmp/evil/sleep /usr/bin/sleep && mv /tmp/evil/timeout /usr/bin/timeout",
 ]
@@ -86,7 +89,8 @@ WIN_CHECK = "rm -f /logs/verifier/reward.txt; uvx pytest /app >/dev/null; cat /l
 # The last turn: /lib64 (-> usr/lib64, the loader's folder) becomes a folder with a broken loader. No dynamically
 # linked program starts in the agent's box after this.
 BREAK_LOADER = ("python3 -c \"import os; os.unlink('/lib64'); os.mkdir('/lib64'); "
-                "open('/lib64/ld-linux-x86-64.so.2', 'w').write('junk'); os.chmod('/lib64/ld-linux-x86-64.so.2', 0o755)\"")
+                "open('/lib64/ld-linux-x86-64.so.2', 'w').write('junk'); "
+                "os.chmod('/lib64/ld-linux-x86-64.so.2', 0o755)\"")
 
 
 def run(coro):
@@ -155,7 +159,8 @@ def test_oracle_still_scores_full_marks(task):
 
 def test_progress_mode_resumes_the_agent_and_never_shows_it_the_tests(task):
     spy = ("setsid bash -c 'n=0; while :; do n=$((n+1)); echo $n > /tmp/ticks; "
-           "if [ -e /tests ] || [ -e /logs/verifier/reward.txt ]; then ls -laR /tests /logs/verifier >> /tmp/seen 2>&1; "
+           "if [ -e /tests ] || [ -e /logs/verifier/reward.txt ]; then "
+           "ls -laR /tests /logs/verifier >> /tmp/seen 2>&1; "
            "cp -r /tests /tmp/stolen 2>/dev/null; fi; sleep 0.02; done' </dev/null >/dev/null 2>&1 &")
 
     async def go():
@@ -225,7 +230,7 @@ def test_results_come_back_as_links_and_capped(task, monkeypatch):
         assert (setup.warnings / "warnings.log").read_text() == "w\n"
     inside = out["inside"]
     procs = inside.stdout.splitlines()[0].split()
-    assert "realsleep" not in procs and set(procs) <= {"docker-init", "sleep", "bash", "timeout", "ps", "sort", "tr"}, procs
+    assert set(procs) <= {"docker-init", "sleep", "bash", "timeout", "ps", "sort", "tr"}, procs  # no agent daemon
     assert inside.stdout.count("Read-only file system") == 3, inside.stdout
     assert "staged" in inside.stdout and "uv-cache" in inside.stdout, inside.stdout
     assert out["agent_work"].stdout.split() == ["42", "mine", "work", "writable"], out["agent_work"]
@@ -266,7 +271,8 @@ def test_gc_removes_a_dead_runs_snapshots_and_volumes(task):
         vol = c.api.create_volume(f"conch-verify-test-{os.getpid()}", driver="local", labels=labels)["Name"]
         ct = c.api.create_container(base, entrypoint=["true"], labels={di.LABEL_KIND: "none"})["Id"]
         img = c.api.commit(ct, repository=dv.SNAPSHOT_REPO, tag=f"test-{os.getpid()}",
-                           changes=[f"LABEL {di.LABEL_KIND}={dv.KIND_SNAPSHOT}", f"LABEL {di.LABEL_OWNER}={dead}"])["Id"]
+                           changes=[f"LABEL {di.LABEL_KIND}={dv.KIND_SNAPSHOT}",
+                                    f"LABEL {di.LABEL_OWNER}={dead}"])["Id"]
         c.api.remove_container(ct, force=True)
         report = docker_gc()
         assert f"volume {vol}" in report.verifier, report

@@ -352,7 +352,7 @@ def layout(entries: list[Entry], pristine: TreeReader, agent: TreeReader) -> Lay
     path: a folder where the agent left a link or a file on the way, the right kind of entry where the agent
     left another. Entries below a mounted folder are checked against what that folder shows instead."""
     by_path: dict[str, Entry] = {}
-    for e in _through_links(entries, pristine, agent):  # a later entry for the same path wins (a plan entry over an expanded one)
+    for e in _through_links(entries, pristine, agent):  # a later entry for the same path wins
         by_path.pop(e.path, None)
         by_path[e.path] = e
     folders = {p: e for p, e in by_path.items() if e.need == "dir" and e.kind != "link"}
@@ -551,8 +551,8 @@ class VerifierContainer(DockerSandbox):
         """Pause the verifier container, then copy its results folders into `setup`'s (links as links)."""
         api, container = self._require()
         await _call(api.pause, container)
-        for name, box_path, top in RESULTS:
-            await _call(read_back, api, container, box_path, top, Path(getattr(setup, name)))
+        await asyncio.gather(*(_call(read_back, api, container, box_path, top, Path(getattr(setup, name)))
+                               for name, box_path, top in RESULTS))
 
 
 def read_back(api: Any, container: str, box_path: str, top: str, dest: Path) -> None:
@@ -567,9 +567,11 @@ def read_back(api: Any, container: str, box_path: str, top: str, dest: Path) -> 
             return
         spool.seek(0)
         with tarfile.open(fileobj=spool) as tar:
-            for n, _member in enumerate(tar):
+            for n, member in enumerate(tar):
                 if n > MAX_FILES:
                     raise ReadBackError(f"verifier results {box_path} hold over {MAX_FILES} entries (listing cap)")
+                if n == 0 and not (member.name.rstrip("/") == top and member.isdir()):
+                    raise ReadBackError(f"verifier results {box_path} is not a folder (not followed)")
         spool.seek(0)
         extract_download(spool, top, dest)
     dest.mkdir(parents=True, exist_ok=True)

@@ -61,6 +61,8 @@ def _gc_docker(args: argparse.Namespace) -> int:
     for name in report.containers:
         print(f"removed docker container {name}")
     print(f"{len(report.containers)} stale docker sandbox(es) removed ({report.kept_running} of live runs kept)")
+    if report.verifier:
+        print(f"{len(report.verifier)} leftover verifier snapshot(s)/volume(s) removed")
     if args.images:
         print(f"{len(report.images)} cached docker image(s) deleted")
     return 0

@@ -54,7 +54,7 @@ from conch.sandbox.base import VERIFIER_RUN, SandboxError, VerifierSetup
 from conch.sandbox.docker import DockerSandbox, _call, _engine_is_local, _live, _live_lock, _slug, owner_label
 from conch.sandbox.docker_files import extract_download, get_archive
 from conch.sandbox.readback import DOWNLOAD_CAP, MAX_FILES, CapWriter, ReadBackError
-from conch.sandbox.verifier_view import MAX_LIST, Change, Memo, TreeReader, plan, resolve
+from conch.sandbox.verifier_view import MAX_LIST, Change, Memo, TreeReader, path_dirs, plan, resolve
 
 SNAPSHOT_REPO = "conch/snapshot"
 KIND_SNAPSHOT = "snapshot"  # io.conch.kind of a snapshot image
@@ -600,7 +600,10 @@ def prepare(api: Any, agent_container: str, setup: VerifierSetup, left: _Leftove
     agent = LayerStack(image_layers(api, snapshot))
     sleep = _sleep_path(pristine)
     entries = [Entry(sleep, "pristine", sleep, "file")]
-    entries += entries_of(plan(pristine, agent), pristine, agent)
+    env = dict(e.split("=", 1) for e in api.inspect_image(image)["Config"].get("Env") or [] if "=" in e)
+    links = {n for n in pristine.listdir("") if pristine.kind(n) == "link"}
+    changes = [c for c in plan(pristine, agent, path_dirs(env.get("PATH"))) if c.path not in links]
+    entries += entries_of(changes, pristine, agent)
     # The image's top-level links (merged /usr: /lib64 -> usr/lib64, where every tool's loader is) as they were.
     entries += [Entry(n, "link", pristine.readlink(n) or "", "link") for n in pristine.listdir("")
                 if pristine.kind(n) == "link"]

@@ -31,7 +31,7 @@ from conch.sandbox.base import VERIFIER_RUN, SandboxError, VerifierSetup
 from conch.sandbox.bwrap import BoxConfig, Cgroups, shift_tree
 from conch.sandbox.readback import DOWNLOAD_CAP, copy_out
 from conch.sandbox.local import LocalSandbox
-from conch.sandbox.verifier_view import Change, HostTree, LayersTree, Memo, plan
+from conch.sandbox.verifier_view import Change, HostTree, LayersTree, Memo, path_dirs, plan
 
 # conch's folders in the verifier box, in bind order (after the toolchain's): (setup field, mode, box path).
 # Results land on tmpfs (RAM, capped, charged to the verifier box's memory limit), never on a host folder.
@@ -95,7 +95,7 @@ class VerifierBox(LocalSandbox):
         self.image = agent.image
         agent_root = HostTree(f"/proc/{launcher}/root{agent.state_dir}/merged")
         pristine = pristine_tree(tuple(agent.image.lowers))
-        changes = await asyncio.to_thread(plan, pristine, agent_root)
+        changes = await asyncio.to_thread(plan, pristine, agent_root, path_dirs(agent.env.get("PATH")))
         await asyncio.to_thread(_own, setup)
         sid = f"{agent.state_dir.name}-v{secrets.token_hex(2)}"
         state = paths.sandboxes_dir() / sid

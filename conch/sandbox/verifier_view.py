@@ -218,20 +218,37 @@ class LayersTree:
         top = self._top(rel)
         return top[1] if top else None
 
+    def _state(self, layer: HostTree, rel: str) -> tuple[str, bool]:
+        """(what `rel` is in `layer`: "absent" | "dir" | "other" (a file, link or whiteout, hiding the layers
+        below), whether the layer hides the layers below it at `rel` (an opaque folder on the way))."""
+        parts = [p for p in rel.split("/") if p]
+        blocked = False
+        for i in range(1, len(parts) + 1):
+            sub = "/".join(parts[:i])
+            st = layer._lstat(sub)
+            if st is None:
+                return "absent", blocked
+            if not stat.S_ISDIR(st.st_mode):
+                return "other", True
+            blocked |= _opaque(os.path.join(layer.root, sub))
+        return "dir", blocked
+
     def listdir(self, rel: str) -> list[str]:
         names: set[str] = set()
         gone: set[str] = set()
         for layer in self.layers:
-            if layer.kind(rel) != "dir" and rel:
+            state, blocked = self._state(layer, rel)
+            if state == "other":
                 break
-            for name in layer.listdir(rel):
-                sub = f"{rel}/{name}" if rel else name
-                st = layer._lstat(sub)
-                if st is not None and stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                    gone.add(name)
-                elif name not in gone:
-                    names.add(name)
-            if rel and _opaque(os.path.join(layer.root, rel)):
+            if state == "dir":
+                for name in layer.listdir(rel):
+                    sub = f"{rel}/{name}" if rel else name
+                    st = layer._lstat(sub)
+                    if st is not None and stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                        gone.add(name)
+                    elif name not in gone:
+                        names.add(name)
+            if blocked:
                 break
         return sorted(names)
 
@@ -330,8 +347,15 @@ def _stdlib_dirs(tree: TreeReader) -> list[str]:
             if fnmatch.fnmatchcase(n, "python3.*")]
 
 
-def plan(pristine: TreeReader, agent: TreeReader) -> list[Change]:
+def path_dirs(path: str | None) -> tuple[str, ...]:
+    """The verifier's PATH folders (relative), first to last: uv's `~/.local/bin`, then the box's PATH."""
+    dirs = [d.strip("/") for d in (path or "").split(":") if d.startswith("/") and ".." not in d.split("/")]
+    return tuple(dict.fromkeys([PATH_DIRS[0], *dirs, *PATH_DIRS[1:]]))
+
+
+def plan(pristine: TreeReader, agent: TreeReader, path: tuple[str, ...] = PATH_DIRS) -> list[Change]:
     """The changes that turn the agent's final filesystem into the verifier's view (see the module docstring).
+    `path`: the verifier's PATH folders (`path_dirs`).
 
     Order matters: a folder bound pristine as a whole comes before what is re-exposed or masked inside it."""
     changes: list[Change] = []
@@ -350,6 +374,12 @@ def plan(pristine: TreeReader, agent: TreeReader) -> list[Change]:
             folder = agent.kind(path) == "dir"
             changes.append(Change(path, "mask-dir" if folder else "mask-file", folder=folder))
 
+    # Top-level links of the image (/lib64 -> usr/lib64, /bin -> usr/bin, ...): the loader every dynamically
+    # linked tool names lives behind one; one the agent replaced gives way to the image's folder.
+    for name in pristine.listdir(""):
+        if pristine.kind(name) == "link" and (agent.kind(name) != "link" or
+                                              agent.readlink(name) != pristine.readlink(name)):
+            keep(name)
     for rel in (*TOOLCHAIN_DIRS, *TOOLCHAIN_FILES):
         keep(rel)
     for lib in LIB_DIRS:
@@ -379,9 +409,9 @@ def plan(pristine: TreeReader, agent: TreeReader) -> list[Change]:
                     changes.append(Change(f"{site}/{name}/entry_points.txt", "mask-file"))
     # PATH: the tools a test script runs are the image's; nothing the agent added shadows an image command.
     image_commands: set[str] = set()
-    for d in PATH_DIRS:
+    for d in path:
         image_commands.update(pristine.listdir(resolve(pristine, d) or d))
-    for d in PATH_DIRS:
+    for d in path:
         if pristine.kind(d) == "link" and agent.kind(d) == "link" and agent.readlink(d) == pristine.readlink(d):
             continue  # /bin -> usr/bin, as in the image: its entries are those of usr/bin
         if pristine.kind(d) == "link":

@@ -26,7 +26,9 @@ or restored files on `docker`). Reading the agent's view never follows a link (`
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,7 +194,7 @@ class LayersTree:
     overlay of them would show (whiteouts and opaque folders honoured)."""
 
     def __init__(self, lowers: list[Path]) -> None:
-        self.layers = [HostTree(p) for p in lowers]
+        self.layers = [_frozen_layer(str(p)) for p in lowers]
 
     def _top(self, rel: str) -> tuple[HostTree, str] | None:
         parts = [p for p in rel.split("/") if p]
@@ -259,6 +261,30 @@ class LayersTree:
     def read(self, rel: str, cap: int) -> bytes | None:
         top = self._top(rel)
         return top[0].read(rel, cap) if top and top[1] == "file" else None
+
+
+class _FrozenHostTree(HostTree):
+    """A `HostTree` over an image layer, which never changes once built: answers are remembered."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self._stats: dict[str, os.stat_result | None] = {}
+        self._lists: dict[str, list[str]] = {}
+
+    def _lstat(self, rel: str) -> os.stat_result | None:
+        if rel not in self._stats:
+            self._stats[rel] = super()._lstat(rel)
+        return self._stats[rel]
+
+    def listdir(self, rel: str) -> list[str]:
+        if rel not in self._lists:
+            self._lists[rel] = super().listdir(rel)
+        return self._lists[rel]
+
+
+@functools.lru_cache(maxsize=512)
+def _frozen_layer(root: str) -> _FrozenHostTree:
+    return _FrozenHostTree(root)
 
 
 class Memo:
@@ -328,8 +354,13 @@ def resolve(tree: TreeReader, rel: str, hops: int = 0) -> str | None:
     return "/".join(done) if not parts else None
 
 
+@functools.lru_cache(maxsize=16)
+def _pattern(patterns: tuple[str, ...]) -> re.Pattern:
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns))
+
+
 def _matches(name: str, patterns: tuple[str, ...]) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    return _pattern(patterns).match(name) is not None
 
 
 def _site_dirs(tree: TreeReader) -> list[str]:

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from conch.verify_parsers import (TestOutcome, _clean, _literal_len, is_test_file, parse_final_line,
+from conch.verify_parsers import (_HEADER, TestOutcome, _clean, _literal_len, is_test_file, parse_final_line,
                                   static_test_ids)
 
 MAX_RESULTS = 100_000  # results in one record, whatever the task (a record past this is refused unparsed)
@@ -95,23 +95,43 @@ def _function(name: str) -> str:
 
 
 def console_witness(output: str) -> tuple[int | None, str | None]:
-    """(passing tests summed over every pytest run's final tally or None, a problem with the tallies)."""
-    passed, collected, seen = 0, None, False
+    """(passing tests summed over every pytest run's final tally or None, a problem with the tallies).
+
+    Only pytest's own tally lines count: one inside a FAILURES / PASSES / captured-output section is something
+    a test printed."""
+    passed, collected, seen, region = 0, None, False, "run"
     for line in _clean(output):
         m = _COLLECTED.match(line.strip())
-        if m:
+        if m and region == "run":
             collected = int(m.group(1))
             continue
         counts = parse_final_line(line)
+        header = _HEADER.match(line)
         if counts is None:
+            if header:
+                title = header.group(1).strip()
+                region = {"test session starts": "run", "short test summary info": "summary"}.get(title, "other")
+            elif line.startswith("---") or line.startswith("___"):
+                region = "other" if region != "run" or line.startswith("---") else region
+            continue
+        if region == "other" and header is None:
+            continue
+        if region == "other" and not _ends_run(output, line):
             continue
         seen = True
         ran = counts["passed"] + counts["failed"] + counts["error"] + counts["skipped"]
         if collected is not None and ran > collected + counts["error"]:
             return None, f"pytest's tally ({ran} tests) exceeds the {collected} items it collected"
         passed += counts["passed"]
-        collected = None
+        collected, region = None, "run"
     return (passed if seen else None), None
+
+
+def _ends_run(output: str, line: str) -> bool:
+    """A tally line printed in a FAILURES/PASSES section is pytest's own only when it is the run's last
+    (-rA off): nothing but another run may follow it."""
+    rest = output[output.rfind(line) + len(line):]
+    return not rest.strip() or "test session starts" in rest
 
 
 def reconcile(tests: list[TestOutcome], n_passed: int, n_total: int, source: str, static: StaticTests,

@@ -43,18 +43,27 @@ VERIFIER_TOOLS = ("bash", "sh", "dash", "env", "uv", "uvx", "pytest", "py.test",
                   "ls", "head", "tail", "grep", "sed", "awk", "mawk", "sort", "wc", "cut", "tr", "curl",
                   "apt-get", "apt", "dpkg", "source", "test", "[", "true", "false", "echo", "printf")
 # Directories that are conch's toolchain or a Python's configuration, pristine as a whole.
-TOOLCHAIN_DIRS = ("usr/local/lib/conch", "opt/conch", "etc/ld.so.conf.d")
-TOOLCHAIN_FILES = ("root/.local/bin/env", "etc/ld.so.cache", "etc/ld.so.conf", "etc/ld.so.preload")
+TOOLCHAIN_DIRS = ("usr/local/lib/conch", "opt/conch", "etc/ld.so.conf.d", "etc/apt/apt.conf.d")
+# ... and files: uv's env script, the loader's configuration, apt's and curl/wget's configuration (a test script
+# runs `apt-get update` and `curl ... | sh`: a hook or a `--write-out` there would run the agent's code).
+TOOLCHAIN_FILES = ("root/.local/bin/env", "etc/ld.so.cache", "etc/ld.so.conf", "etc/ld.so.preload",
+                   "etc/apt/apt.conf", "root/.curlrc", "root/.config/curlrc", "etc/curlrc", "root/.wgetrc",
+                   "etc/wgetrc", "usr/pyvenv.cfg", "usr/bin/pyvenv.cfg", "usr/local/pyvenv.cfg",
+                   "usr/local/bin/pyvenv.cfg")
 # glibc and the loader (everything a dynamically linked verifier tool loads first).
 GLIBC = ("ld-linux-x86-64.so.2", "libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1",
-         "libutil.so.1", "libresolv.so.2", "libtinfo.so.6", "ld-linux-aarch64.so.1")
+         "libutil.so.1", "libresolv.so.2", "libtinfo.so.6", "ld-linux-aarch64.so.1",
+         # what the Python that runs pytest loads (its extension modules' libraries)
+         "libexpat.so.1", "libz.so.1", "libffi.so.8", "libbz2.so.1.0", "liblzma.so.5", "libssl.so.3",
+         "libcrypto.so.3", "libsqlite3.so.0", "libmpdec.so.4", "libuuid.so.1", "libreadline.so.8",
+         "libncursesw.so.6", "libzstd.so.1", "libgcc_s.so.1", "libpython3.13.so.1.0", "libb2.so.1")
 LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "lib64", "lib")
 SITE_NAMES = ("dist-packages", "site-packages")
 # The test runner: pytest, the CTRF plugin and their dependencies (top-level names in a site directory).
 RUNNER_PACKAGES = ("pytest", "_pytest", "py.py", "pluggy", "iniconfig", "packaging", "ctrf", "pytest_json_ctrf",
                    "pytest-*.dist-info", "pytest_json_ctrf-*.dist-info", "pluggy-*.dist-info",
                    "iniconfig-*.dist-info", "packaging-*.dist-info", "pytest_ctrf*", "colorama", "exceptiongroup",
-                   "tomli")
+                   "tomli", "pygments", "pygments-*.dist-info", "__pycache__")
 HOOK_NAMES = ("*.pth", "sitecustomize", "sitecustomize.*", "usercustomize", "usercustomize.*")
 ENTRY_CAP = 64 * 1024
 MAX_LIST = 20_000
@@ -424,6 +433,10 @@ def plan(pristine: TreeReader, agent: TreeReader, path: tuple[str, ...] = PATH_D
         for site in SITE_NAMES:
             if agent.kind(f"{std}/{site}") == "dir":
                 changes.append(Change(f"{std}/{site}", "agent", folder=True))
+    for lib in ("usr/lib", "usr/local/lib"):  # the zipped standard library, first on sys.path
+        for name in sorted(set(pristine.listdir(lib)) | set(agent.listdir(lib))):
+            if fnmatch.fnmatchcase(name, "python3*.zip"):
+                keep(f"{lib}/{name}")
     for etc in pristine.listdir("etc"):
         if fnmatch.fnmatchcase(etc, "python3*"):
             keep(f"etc/{etc}")
@@ -434,7 +447,10 @@ def plan(pristine: TreeReader, agent: TreeReader, path: tuple[str, ...] = PATH_D
         for name in sorted(image_names | set(agent.listdir(site))):
             if _matches(name, RUNNER_PACKAGES) or _matches(name, HOOK_NAMES):
                 keep(f"{site}/{name}")
-            elif name.endswith(".dist-info") and name not in image_names:
+            elif name.endswith((".dist-info", ".egg-info")) and name in image_names:
+                if pristine.kind(f"{site}/{name}/entry_points.txt") or agent.kind(f"{site}/{name}/entry_points.txt"):
+                    keep(f"{site}/{name}/entry_points.txt")  # an image package's plugins are the image's
+            elif name.endswith((".dist-info", ".egg-info")) and name not in image_names:
                 entry = agent.read(f"{site}/{name}/entry_points.txt", ENTRY_CAP)
                 if entry is not None and b"pytest11" in entry:
                     changes.append(Change(f"{site}/{name}/entry_points.txt", "mask-file"))

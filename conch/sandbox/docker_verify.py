@@ -550,7 +550,7 @@ class VerifierContainer(DockerSandbox):
     async def collect(self, setup: VerifierSetup) -> None:
         """Pause the verifier container, then copy its results folders into `setup`'s (links as links)."""
         api, container = self._require()
-        await _call(api.pause, container)
+        await _pause(api, container)
         await asyncio.gather(*(_call(read_back, api, container, box_path, top, Path(getattr(setup, name)))
                                for name, box_path, top in RESULTS))
 
@@ -629,6 +629,19 @@ def prepare(api: Any, agent_container: str, setup: VerifierSetup, left: _Leftove
 
 
 @contextlib.asynccontextmanager
+
+async def _pause(api: Any, container: str, tries: int = 5) -> None:
+    """`docker pause`, retried: runc's freeze can fail transiently ("unable to freeze") while the container's
+    processes are forking; the engine leaves it running then, and a second try succeeds."""
+    for attempt in range(tries):
+        try:
+            await _call(api.pause, container)
+            return
+        except Exception as exc:  # noqa: BLE001 - docker.errors.APIError, retried then re-raised
+            if "unable to freeze" not in str(exc) or attempt == tries - 1:
+                raise
+            await asyncio.sleep(0.2 * (attempt + 1))
+
 async def verifier_box(agent: DockerSandbox, setup: VerifierSetup) -> AsyncIterator[DockerSandbox]:
     """Pause `agent`, open a verifier container over its snapshot, kill (final) or later unpause the agent."""
     import docker.errors
@@ -638,7 +651,7 @@ async def verifier_box(agent: DockerSandbox, setup: VerifierSetup) -> AsyncItera
     state = (await _call(api.inspect_container, container)).get("State") or {}
     paused = False
     if state.get("Running") and not state.get("Paused"):
-        await _call(api.pause, container)
+        await _pause(api, container)
         paused = True
     left = _Leftovers()
     timings: dict[str, float] = {"pause": time.monotonic() - start}

@@ -54,7 +54,7 @@ from conch.sandbox.base import VERIFIER_RUN, SandboxError, VerifierSetup
 from conch.sandbox.docker import DockerSandbox, _call, _engine_is_local, _live, _live_lock, _slug, owner_label
 from conch.sandbox.docker_files import extract_download, get_archive
 from conch.sandbox.readback import DOWNLOAD_CAP, MAX_FILES, CapWriter, ReadBackError
-from conch.sandbox.verifier_view import MAX_LIST, Change, Memo, TreeReader, path_dirs, plan, resolve
+from conch.sandbox.verifier_view import MAX_LIST, Change, Memo, TreeReader, hops, path_dirs, plan, resolve
 
 SNAPSHOT_REPO = "conch/snapshot"
 KIND_SNAPSHOT = "snapshot"  # io.conch.kind of a snapshot image
@@ -302,32 +302,6 @@ def _utf8(path: str) -> bool:
         return True
     except UnicodeEncodeError:
         return False
-
-
-def hops(tree: TreeReader, rel: str) -> tuple[tuple[tuple[str, str], ...], str | None]:
-    """((link, its target), ...) that resolving `rel` in `tree` goes through, and where it ends (as `resolve`)."""
-    parts = [p for p in rel.split("/") if p]
-    done: list[str] = []
-    seen: list[tuple[str, str]] = []
-    while parts and len(seen) < 40:
-        part = parts.pop(0)
-        if part == "..":
-            if done:
-                done.pop()
-            continue
-        cur = "/".join([*done, part])
-        kind = tree.kind(cur)
-        if kind is None:
-            return tuple(seen), None
-        if kind == "link":
-            target = tree.readlink(cur) or ""
-            seen.append((cur, target))
-            parts = [*([] if target.startswith("/") else done), *[p for p in target.split("/") if p and p != "."],
-                     *parts]
-            done = []
-            continue
-        done.append(part)
-    return tuple(seen), ("/".join(done) if not parts else None)
 
 
 def _through_links(entries: list[Entry], pristine: TreeReader, agent: TreeReader) -> list[Entry]:
@@ -628,8 +602,6 @@ def prepare(api: Any, agent_container: str, setup: VerifierSetup, left: _Leftove
     return snapshot, mounts, tmpfs, ("/" + sleep, "infinity")
 
 
-@contextlib.asynccontextmanager
-
 async def _pause(api: Any, container: str, tries: int = 5) -> None:
     """`docker pause`, retried: runc's freeze can fail transiently ("unable to freeze") while the container's
     processes are forking; the engine leaves it running then, and a second try succeeds."""
@@ -642,6 +614,7 @@ async def _pause(api: Any, container: str, tries: int = 5) -> None:
                 raise
             await asyncio.sleep(0.2 * (attempt + 1))
 
+@contextlib.asynccontextmanager
 async def verifier_box(agent: DockerSandbox, setup: VerifierSetup) -> AsyncIterator[DockerSandbox]:
     """Pause `agent`, open a verifier container over its snapshot, kill (final) or later unpause the agent."""
     import docker.errors

@@ -338,11 +338,12 @@ def _opaque(path: str) -> bool:
         return False
 
 
-def resolve(tree: TreeReader, rel: str, hops: int = 0) -> str | None:
-    """`rel` with every link of the image followed inside the image (never outside it), or None."""
+def hops(tree: TreeReader, rel: str) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """((link, its target), ...) that resolving `rel` in `tree` goes through, and where it ends (as `resolve`)."""
     parts = [p for p in rel.split("/") if p]
     done: list[str] = []
-    while parts and hops < 40:
+    seen: list[tuple[str, str]] = []
+    while parts and len(seen) < 40:
         part = parts.pop(0)
         if part == "..":
             if done:
@@ -351,16 +352,21 @@ def resolve(tree: TreeReader, rel: str, hops: int = 0) -> str | None:
         cur = "/".join([*done, part])
         kind = tree.kind(cur)
         if kind is None:
-            return None
+            return tuple(seen), None
         if kind == "link":
-            hops += 1
             target = tree.readlink(cur) or ""
-            base = [] if target.startswith("/") else done
-            parts = [*base, *[p for p in target.split("/") if p and p != "."], *parts]
+            seen.append((cur, target))
+            parts = [*([] if target.startswith("/") else done), *[p for p in target.split("/") if p and p != "."],
+                     *parts]
             done = []
             continue
         done.append(part)
-    return "/".join(done) if not parts else None
+    return tuple(seen), ("/".join(done) if not parts else None)
+
+
+def resolve(tree: TreeReader, rel: str) -> str | None:
+    """`rel` with every link of the image followed inside the image (never outside it), or None."""
+    return hops(tree, rel)[1]
 
 
 @functools.lru_cache(maxsize=16)

@@ -44,12 +44,18 @@ from conch.verify_parsers import (
     collection_failed,
     find_ctrf,
     find_junit,
+    named_reports,
     parse_pytest_console,
     report_problems,
     verifier_failure_cause,
 )
 from conch.verify_check import StaticTests, reconcile, static_tests
 
+# conch's pytest plugin: kills what the tests started once they are done (conch/sandbox/pytest_seal.py).
+SEAL_PLUGIN = Path(__file__).parent / "sandbox" / "pytest_seal.py"
+SEAL_MODULE = "conch_pytest_seal"
+# the box's own PYTHONPATH (the image's, the task's) stays, after conch's folder
+SEAL_ON_PATH = f"PYTHONPATH={VERIFIER_RUN}/py${{PYTHONPATH:+:$PYTHONPATH}}"
 TESTS_DIR = "/tests"
 LOGS_DIR = "/logs/verifier"
 OUTPUT_CAP = 1024 * 1024  # the pytest summary is at the very end; keep plenty so it survives
@@ -140,8 +146,10 @@ def _collection_error_tests(files: list[str], static_ids: list[str]) -> list[Tes
     return out
 
 
-def outcomes_from(logs: Path, output: str, static_ids: list[str]) -> tuple[list[TestOutcome], int, int, str]:
-    """(tests, n_passed, n_total, source) from the downloaded logs folder and the script's output.
+def outcomes_from(logs: Path, output: str, static_ids: list[str], named: dict[str, list[str]] | None = None
+                  ) -> tuple[list[TestOutcome], int, int, str]:
+    """(tests, n_passed, n_total, source) from the downloaded logs folder and the script's output. `named`: the
+    records the test script names (`named_reports`); when it names any, only those are read.
 
     The source holding the most tests wins (ties: CTRF, JUnit, `-rA`/`-v` lines, final tally line). Why not
     simply CTRF first: pytest-json-ctrf 0.3.5, the plugin TB2 test scripts pin, cuts the `[...]` off node ids
@@ -149,7 +157,9 @@ def outcomes_from(logs: Path, output: str, static_ids: list[str]) -> tuple[list[
     one line per case; and a capped console output can lose summary lines that its final tally still counts.
     """
     candidates: list[tuple[list[TestOutcome], int, int, str]] = []
-    for source, found in (("ctrf", find_ctrf(logs)), ("junit", find_junit(logs))):
+    named = named or {}
+    only = [rel for rels in named.values() for rel in rels] or None
+    for source, found in (("ctrf", find_ctrf(logs, only)), ("junit", find_junit(logs, only))):
         if found:
             candidates.append((found, sum(t.status == "passed" for t in found), len(found), source))
     texts = [output]
@@ -168,6 +178,13 @@ def outcomes_from(logs: Path, output: str, static_ids: list[str]) -> tuple[list[
         return [], 0, 0, "static"
     best = max(range(len(candidates)), key=lambda i: (candidates[i][2], -i))
     return candidates[best]
+
+
+def _named(task: Task) -> dict[str, list[str]]:
+    try:
+        return named_reports(task.test_script.read_text(errors="replace"))
+    except OSError:
+        return {}
 
 
 def _listing(logs: Path) -> list[str]:
@@ -203,6 +220,8 @@ def _stage(tmp: Path, task: Task, wheels: Path | None, final: bool) -> VerifierS
     run = tmp / "run"
     (run / "uv-cache").mkdir(parents=True)
     (run / "pytest.ini").write_text("[pytest]\n")
+    (run / "py").mkdir()
+    shutil.copy(SEAL_PLUGIN, run / "py" / f"{SEAL_MODULE}.py")
     if wheels is not None:
         shutil.copytree(wheels, run / "wheels", copy_function=_link_or_copy)
     return VerifierSetup(tests=tests, logs=tmp / "logs", warnings=tmp / "warnings", run=run, final=final)
@@ -221,7 +240,7 @@ def verifier_env(task: Task, has_wheels: bool) -> dict[str, str]:
     cache, pytest's configuration and conftest search confined to /tests."""
     ini = next((f"{TESTS_DIR}/{n}" for n in PYTEST_INIS if (task.tests_dir / n).is_file()), f"{VERIFIER_RUN}/pytest.ini")
     env = dict(task.test_env)
-    addopts = f"--rootdir={TESTS_DIR} --confcutdir={TESTS_DIR} -p no:cacheprovider -c {ini}"
+    addopts = f"--rootdir={TESTS_DIR} --confcutdir={TESTS_DIR} -p no:cacheprovider -p {SEAL_MODULE} -c {ini}"
     env["PYTEST_ADDOPTS"] = f"{addopts} {env['PYTEST_ADDOPTS']}" if env.get("PYTEST_ADDOPTS") else addopts
     env.update({"PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1", "PYTHONDONTWRITEBYTECODE": "1", "UV_NO_CONFIG": "1",
                 "UV_CACHE_DIR": f"{VERIFIER_RUN}/uv-cache", "PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1"})
@@ -249,7 +268,7 @@ async def verify(sandbox: Sandbox, task: Task, final: bool = True) -> VerifyResu
         try:
             setup = await asyncio.to_thread(_stage, Path(tmp), task, wheels, final)
             async with sandbox.verification(setup) as box:
-                result = await box.exec(f"bash {script}", timeout=task.verifier_timeout_sec,
+                result = await box.exec(f"{SEAL_ON_PATH} bash {script}", timeout=task.verifier_timeout_sec,
                                         env=verifier_env(task, wheels is not None), output_cap=OUTPUT_CAP)
         except asyncio.CancelledError:
             raise
@@ -264,7 +283,7 @@ async def verify(sandbox: Sandbox, task: Task, final: bool = True) -> VerifyResu
         logs = setup.logs
         reward, reward_problem = read_reward(logs)
         reward_problem = refused or reward_problem
-        tests, n_passed, n_total, source = outcomes_from(logs, output, list(static.ids))
+        tests, n_passed, n_total, source = outcomes_from(logs, output, list(static.ids), _named(task))
         details = {"files": _listing(logs), "report_problems": report_problems(logs)}
         warnings = [w for w in (_internet_note(task, sandbox), fetch_problem) if w]
         warnings += _sandbox_warnings(setup.warnings)

@@ -97,33 +97,58 @@ def _function(name: str) -> str:
 def console_witness(output: str) -> tuple[int | None, str | None]:
     """(passing tests summed over every pytest run's final tally or None, a problem with the tallies).
 
-    Only pytest's own tally lines count: one inside a FAILURES / PASSES / captured-output section is something
-    a test printed."""
-    passed, collected, seen, region = 0, None, False, "run"
+    Only pytest's own tally lines count, one per run: a run that printed its header ("test session starts")
+    counts its *last* tally before the next header, because pytest prints its own after every test's output. A
+    session header printed inside an open run (a program the tests ran, imitating pytest) is nested: from then
+    on only the output's last tally counts, for the enclosing run. Without headers (-q), a tally inside a
+    FAILURES / PASSES / captured-output section is something a test printed, unless it ends the output."""
+    passed, seen, region = 0, False, "run"
+    collected, pending, opened, nested = None, None, False, False
+
+    def commit() -> str | None:
+        nonlocal passed
+        if pending is None:
+            return None
+        ran = pending["passed"] + pending["failed"] + pending["error"] + pending["skipped"]
+        if collected is not None and ran > collected + pending["error"]:
+            return f"pytest's tally ({ran} tests) exceeds the {collected} items it collected"
+        passed += pending["passed"]
+        return None
+
     for line in _clean(output):
+        counts = parse_final_line(line)
+        if counts is not None and (nested or opened):
+            pending, seen = counts, True
+            continue
+        if nested:
+            continue
         m = _COLLECTED.match(line.strip())
         if m and region == "run":
             collected = int(m.group(1))
             continue
-        counts = parse_final_line(line)
         header = _HEADER.match(line)
         if counts is None:
             if header:
                 title = header.group(1).strip()
+                if title == "test session starts":
+                    if opened and pending is None:
+                        nested = True
+                        continue
+                    if problem := commit():
+                        return None, problem
+                    collected, pending, opened = None, None, True
                 region = {"test session starts": "run", "short test summary info": "summary"}.get(title, "other")
             elif line.startswith("---") or line.startswith("___"):
                 region = "other" if region != "run" or line.startswith("---") else region
             continue
-        if region == "other" and header is None:
+        if region == "other" and (header is None or not _ends_run(output, line)):
             continue
-        if region == "other" and not _ends_run(output, line):
-            continue
-        seen = True
-        ran = counts["passed"] + counts["failed"] + counts["error"] + counts["skipped"]
-        if collected is not None and ran > collected + counts["error"]:
-            return None, f"pytest's tally ({ran} tests) exceeds the {collected} items it collected"
-        passed += counts["passed"]
-        collected, region = None, "run"
+        seen, pending = True, counts
+        if problem := commit():
+            return None, problem
+        collected, pending, region = None, None, "run"
+    if problem := commit():
+        return None, problem
     return (passed if seen else None), None
 
 

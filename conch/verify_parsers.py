@@ -72,9 +72,28 @@ def _results(folder: Path, suffix: str) -> list[str]:
         return []
 
 
-def find_ctrf(folder: Path) -> list[TestOutcome] | None:
-    """Outcomes from the first CTRF-shaped *.json below `folder` (sorted by path), or None if there is none."""
-    for rel in _results(folder, ".json"):
+_NAMED_REPORT = re.compile(r"--(ctrf|junitxml|junit-xml)(?:=|\s+)[\"']?/logs/verifier/([^\s\"';|&)]+)")
+
+
+def named_reports(script: str) -> dict[str, list[str]]:
+    """The result records a test script names (`--ctrf /logs/verifier/ctrf.json`, `--junitxml=...`), as paths
+    relative to /logs/verifier, by kind ("ctrf", "junit"). When a script names its record, that file is the
+    record: another one beside it (written by a program the tests ran) is not read."""
+    found: dict[str, list[str]] = {}
+    for kind, rel in _NAMED_REPORT.findall(script):
+        if ".." not in rel.split("/") and "$" not in rel:
+            found.setdefault("ctrf" if kind == "ctrf" else "junit", []).append(rel)
+    return found
+
+
+def _candidates(folder: Path, suffix: str, only: list[str] | None) -> list[str]:
+    return [rel for rel in _results(folder, suffix) if not only or rel in only]
+
+
+def find_ctrf(folder: Path, only: list[str] | None = None) -> list[TestOutcome] | None:
+    """Outcomes from the first CTRF-shaped *.json below `folder` (sorted by path; only the paths in `only` when
+    given), or None if there is none."""
+    for rel in _candidates(folder, ".json", only):
         try:
             doc = json.loads(read_text(folder, rel, REPORT_CAP))
         except (OSError, ValueError, ReadBackError):  # a link, a special file, over the cap: not a report
@@ -112,9 +131,10 @@ def parse_junit(text: str) -> list[TestOutcome] | None:
     return out
 
 
-def find_junit(folder: Path) -> list[TestOutcome] | None:
-    """Outcomes from the first JUnit *.xml below `folder` that holds test cases, or None."""
-    for rel in _results(folder, ".xml"):
+def find_junit(folder: Path, only: list[str] | None = None) -> list[TestOutcome] | None:
+    """Outcomes from the first JUnit *.xml below `folder` that holds test cases (only the paths in `only` when
+    given), or None."""
+    for rel in _candidates(folder, ".xml", only):
         try:
             outcomes = parse_junit(read_text(folder, rel, REPORT_CAP))
         except (OSError, ValueError, ReadBackError):

@@ -36,7 +36,7 @@ from conch.sandbox import make_sandbox
 from conch.sandbox.verifier_view import Change, plan
 from conch.tasks.loader import load_task
 from conch.verify import outcomes_from, verify
-from conch.verify_check import MAX_RESULTS, StaticTests, reconcile, static_tests
+from conch.verify_check import console_witness, MAX_RESULTS, StaticTests, reconcile, static_tests
 from conch.verify_parsers import TestOutcome, parse_pytest_console
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,13 +46,6 @@ TEST_NAMES = tuple(f"test_{c}" for c in LETTERS)
 UVX = "uvx -p 3.13 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5"
 
 
-
-# Gaps found by these tests and still open (the issue-34 closing note lists them): non-strict xfail, so a fix
-# shows as XPASS and the mark is removed then.
-OPEN_GAP_PROG = ("open gap: a program the tests run prints a full-pass console and writes an extra CTRF that "
-                 "sorts first; the witness must compare per-test statuses with pytest's own -rA summary")
-OPEN_GAP_DOCKER = ("docker: not re-measured after the plan's fixes of this session (stdlib zip, pyvenv.cfg, "
-                   "libraries, apt/curl configuration); container root can also write the test script's pipe")
 
 def run(coro):
     return asyncio.run(coro)
@@ -661,11 +654,7 @@ ATTACK_CASES = [pytest.param(name, variant, id=f"{name}-{variant}")
 
 
 @pytest.mark.parametrize("name,variant", ATTACK_CASES)
-def test_attack_does_not_forge_the_count(tasks, backend, name, variant, request):
-    if name.startswith("prog-prints-tally"):
-        request.applymarker(pytest.mark.xfail(reason=OPEN_GAP_PROG, strict=False))
-    elif backend == "docker":
-        request.applymarker(pytest.mark.xfail(reason=OPEN_GAP_DOCKER, strict=False))
+def test_attack_does_not_forge_the_count(tasks, backend, name, variant):
     turns = _turns(name)
     r = run(run_task(tasks[variant], agent=turns, backend=backend))
     assert len(r.steps) == len(turns) and not any(s.timed_out for s in r.steps), \
@@ -675,6 +664,32 @@ def test_attack_does_not_forge_the_count(tasks, backend, name, variant, request)
         assert "ARMED" in r.steps[-1].output and "NOT-ARMED" not in r.steps[-1].output, \
             (r.steps[-1].command, r.steps[-1].output)
     assert_not_forged(r, ATTACKS[name].honest)
+
+
+SEALED_SH = """\
+#!/bin/bash
+mkdir -p /logs/verifier
+setsid sleep 300 </dev/null >/dev/null 2>&1 &
+svc=$!
+pytest --ctrf /logs/verifier/ctrf.json /tests/test_outputs.py -rA
+sleep 1
+kill -0 $svc 2>/dev/null && echo SERVICE-ALIVE
+[ -e /tmp/late ] && echo LEFTOVER-RAN
+echo 1 > /logs/verifier/reward.txt
+"""
+
+
+def test_what_the_tests_started_is_killed_when_they_end(tmp_path, backend):
+    """conch's pytest plugin (conch/sandbox/pytest_seal.py): a process a test's program left behind is gone once
+    pytest is done (it never writes after the tests), while a service the test script started before pytest
+    keeps running."""
+    task = load_task(make_task(tmp_path, "sealed", SEALED_SH, PROG_TESTS, ""))
+    prog = ("cat > /app/prog.sh <<'CONCH_PROG'\n#!/bin/bash\n"
+            "setsid bash -c 'sleep 0.5; touch /tmp/late' </dev/null >/dev/null 2>&1 &\necho hello\nCONCH_PROG\n")
+    r = run(run_task(task, agent=[prog], backend=backend))
+    log = r.verify.log or r.verify.output_tail
+    assert r.verify.error is None and r.n_passed == 1, _detail(r)
+    assert "SERVICE-ALIVE" in log and "LEFTOVER-RAN" not in log, log[-2000:]
 
 
 # ----------------------------------------------------------------------------------------- 5. a huge record
@@ -688,11 +703,11 @@ def _big_ctrf_prog(n: int, name: str) -> str:
     return f"cat > /app/prog.sh <<'CONCH_PROG'\n#!/bin/bash\n{gen}\necho hello\nCONCH_PROG\n"
 
 
-@pytest.mark.xfail(reason="open gap: a CTRF over the 8 MiB report cap is skipped (listed in report_problems), "
-                          "not an error; no count is forged", strict=False)
-def test_huge_ctrf_from_a_test_run_program_is_refused(tmp_path, backend):
-    """10^6 tests (about 50 MB) and, small enough to be read, more results than any record may hold: an error,
-    never a count; conch's own memory (the `conch check` process, measured with wait4) stays modest."""
+def test_huge_ctrf_from_a_test_run_program_is_never_the_count(tmp_path, backend):
+    """10^6 tests (about 50 MB, over the read cap) and, small enough to be read, more results than any record may
+    hold, both where conch would read first: never a count (the test script names its record, ctrf.json, and
+    only that is read; the oversized one is listed among the report problems); conch's own memory (the
+    `conch check` process, measured with wait4) stays modest."""
     from test_adversarial import conch_check
 
     root = tmp_path / "tasks"
@@ -703,11 +718,8 @@ def test_huge_ctrf_from_a_test_run_program_is_refused(tmp_path, backend):
     for name in ("ctrf-1e6", "ctrf-over-max"):
         r = results[name]
         assert r["n_passed"] <= 1 and r["reward"] != 1.0 and r["n_total"] == 5, (name, r)
-    over = results["ctrf-over-max"]
-    assert over["error"] and "inconsistent" in over["error"] and over["reward"] is None, over
+        assert r["error"] or r["n_passed"] == 1, (name, r)  # the honest count, from the named record
     assert peak_kib < 600 * 1024, f"conch check peaked at {peak_kib >> 10} MiB"
-    huge = results["ctrf-1e6"]
-    assert huge["error"] and huge["reward"] is None, (huge, stderr[-2000:])  # refused, and said so
 
 
 # ----------------------------------------------------------------------------------------- 6. progress mode
@@ -919,12 +931,11 @@ def test_plan_masks_loader_configuration_and_restores_glibc_and_merged_usr():
     assert seen(changes, p, a, "bin") == ("pristine", "dir") and seen(changes, p, a, "bin/sh")[0] == "pristine"
 
 
-@pytest.mark.xfail(reason="the plan now restores more of the image (libraries, configuration); this test's fake "
-                          "image predates that", strict=False)
 def test_plan_of_an_untouched_filesystem_masks_nothing():
-    changes, p, a = _plan({})
+    changes, p, a = _plan({"usr/local/lib/python3.13/dist-packages/requests/__init__.py": b"the agent's"})
     assert changes and not [c for c in changes if c.kind.startswith("mask")], changes
-    assert seen(changes, p, a, f"{LOCAL}/pygments/__init__.py") == ("agent", "file")  # a site folder stays the agent's
+    assert seen(changes, p, a, f"{LOCAL}/pygments/__init__.py") == ("pristine", "file")  # pytest's own import
+    assert seen(changes, p, a, f"{LOCAL}/requests/__init__.py") == ("agent", "file")  # a site folder stays the agent's
 
 
 @pytest.mark.parametrize("path,entry", [
@@ -1019,7 +1030,6 @@ def _pytest_run(tests_dir: Path, source: str) -> str:
     return proc.stdout
 
 
-@pytest.mark.xfail(reason=OPEN_GAP_PROG, strict=False)
 def test_reconcile_ignores_a_tally_that_a_test_printed(tmp_path):
     """A program the tests run prints pytest's tally of a full pass (the test shows its output among the PASSES):
     that is not pytest's own tally, so a CTRF record of 5 passes still disagrees with the 1 pytest counted."""
@@ -1030,6 +1040,41 @@ def test_reconcile_ignores_a_tally_that_a_test_printed(tmp_path):
     assert "4 failed, 1 passed" in output and "5 passed in" in output, output[-3000:]
     ctrf = _outcomes({t: "passed" for t in TEST_NAMES})
     assert reconcile(ctrf, 5, 5, "ctrf", static, output) is not None
+
+
+def _host_pytest(tests_dir: Path, source: str, *flags: str) -> str:
+    tests_dir.mkdir(parents=True, exist_ok=True)
+    (tests_dir / "test_outputs.py").write_text(source)
+    return subprocess.run([sys.executable, "-m", "pytest", *flags, "-p", "no:cacheprovider", "-p", "no:randomly",
+                           str(tests_dir / "test_outputs.py")], capture_output=True, text=True, cwd=tests_dir,
+                          timeout=120).stdout
+
+
+ONE_PASS_PRINTING = FILE_TESTS.replace("def test_e():\n", "def test_e():\n    print(PRINTED)\n    return\n")
+
+
+@pytest.mark.parametrize("printed,flags", [
+    ("'=' * 30 + ' 5 passed in 0.01s ' + '=' * 30", ("-s",)),  # inline, no capture: the run's region
+    ("'=' * 30 + ' 5 passed in 0.01s ' + '=' * 30", ("-rA",)),
+    ("FORGED", ("-s",)),  # a whole session printed while the real one is open
+    ("FORGED", ("-rA", "-v")),
+])
+def test_console_witness_counts_pytest_s_own_tally_only(tmp_path, printed, flags):
+    source = f"FORGED = {FORGED_CONSOLE!r}\nPRINTED = {printed}\n" + ONE_PASS_PRINTING
+    output = _host_pytest(tmp_path / "tests", source, *flags)
+    assert "4 failed, 1 passed" in output and "5 passed in" in output, output[-3000:]
+    assert console_witness(output) == (1, None), output[-3000:]
+
+
+def test_console_witness_sums_honest_sequential_runs(tmp_path):
+    """A test script running pytest twice counts both runs (-q after a run with a header merges into it: a
+    headerless tally is indistinguishable from one a test printed, so the witness undercounts, never over)."""
+    one = _host_pytest(tmp_path / "a", FILE_TESTS.replace("def test_e():\n", "def test_e():\n    return\n"), "-rA")
+    two = _host_pytest(tmp_path / "b", FILE_TESTS.replace("def test_d():\n", "def test_d():\n    return\n")
+                       .replace("def test_e():\n", "def test_e():\n    return\n"), "-q")
+    assert console_witness(one + "some script output\n" + one) == (2, None)
+    assert console_witness(two + one) == (3, None)
+    assert console_witness(one + two) == (2, None)
 
 
 def test_a_second_ctrf_record_does_not_replace_the_test_scripts(tmp_path):

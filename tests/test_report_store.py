@@ -127,8 +127,14 @@ def test_family_of():
 def test_eval_metrics_per_family():
     m = eval_metrics("warm", {"a-0123456789": {"pass_rate": 1.0}, "a-9876543210": {"pass_rate": 0.0},
                               "b-0123456789": {"pass_rate": 0.5}}, 0.5, 1.2)
-    assert m == {"eval/warm/pass_rate": 0.5, "eval/warm/tests_passed_mean": 1.2,
+    assert m == {"eval/warm/pass_rate": 0.5, "eval/warm/tests_passed_mean": 1.2, "eval/warm/errors": 0.0,
                  "eval/warm/family/a/pass_rate": 0.5, "eval/warm/family/b/pass_rate": 0.5}
+
+
+def test_eval_metrics_leave_out_what_no_episode_measured():
+    """A task that errored on every sample has no pass rate: it is not a zero in its family's mean."""
+    m = eval_metrics("final", {"a-0123456789": {"pass_rate": 1.0}, "a-9876543210": {"pass_rate": None}}, None, None, 3)
+    assert m == {"eval/final/errors": 3.0, "eval/final/family/a/pass_rate": 1.0}
 
 
 def test_progress_plain_lines_when_not_a_terminal():

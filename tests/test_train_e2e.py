@@ -66,13 +66,50 @@ def test_train_then_resume(tmp_path, home):
         fh.write(json.dumps({**rows[0], "iteration": 1}) + "\n" + '{"iteration": 1, "rew')
     (run / "evals" / "init.json").write_text("")
     # Resume with a larger iteration budget: the stages are skipped and PPO continues at iteration 1.
-    p2 = conch("train", "--resume", str(run), "ppo.iterations=2", home=home)
+    # Extending the finished run by two iterations: the final evaluation measures the new policy, not the cached
+    # figures of the old one, and the run's minutes count both processes.
+    p2 = conch("train", "--resume", str(run), "ppo.iterations=3", home=home)
     assert p2.returncode == 0, p2.stderr[-3000:]
     assert "resumed from" in p2.stderr and "Traceback" not in p2.stderr
     assert "init.json: evaluation cache is empty" in p2.stderr
     assert "SFT warm start" not in p2.stderr and "synthesizing" not in p2.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows if "stage" not in r] == [0, 1]
+    assert [r["iteration"] for r in rows if "stage" not in r] == [0, 1, 2]
+    assert "evals/final.json measured ppo-1" in p2.stderr and "evaluating final (ppo-3)" in p2.stderr
+    assert json.loads((run / "evals" / "final.json").read_text())["policy"] == "ppo-3"
+    assert "PPO iteration 3/3:" in p2.stderr and "elapsed" in p2.stderr
+    summary2 = json.loads((run / "summary.json").read_text())
+    assert summary2["minutes"] > summary["minutes"]
+    assert json.loads((run / "time.json").read_text())["processes"] == 2
+
+
+def test_ctrl_c_stops_with_one_line_and_resume_completes(tmp_path, home):
+    """SIGINT to the whole process group, as a terminal sends it, in the middle of PPO: one line naming the
+    stage, the last checkpoint and the resume command; exit 130; no traceback; `--resume` then finishes."""
+    import os
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "conch", "train", "--out", str(run), *TINY,
+                                 "ppo.iterations=3"], stdout=subprocess.DEVNULL, stderr=fh, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and "PPO iteration 1/3:" not in err.read_text():
+        assert proc.poll() is None, err.read_text()[-3000:]
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    rc = proc.wait(timeout=300)
+    text = err.read_text()
+    assert rc == 130, text[-3000:]
+    assert "Traceback" not in text and "exception was never retrieved" not in text, text[-3000:]
+    lines = [line for line in text.splitlines() if "interrupted" in line]
+    assert len(lines) == 1 and "during PPO iteration" in lines[0], text[-3000:]
+    assert f"conch train --resume {run}" in lines[0] and "last checkpoint" in lines[0]
+    p = conch("train", "--resume", str(run), home=home)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads((run / "evals" / "final.json").read_text())["policy"] == "ppo-3"
 
 
 def test_routing_replay_on_a_dense_model_fails_at_config_time(tmp_path, home):

@@ -118,3 +118,16 @@ class Trajectory:
         d["turns"] = [Turn(**t) for t in d.get("turns", [])]
         d["progress"] = [tuple(p) for p in d.get("progress", [])]
         return cls(**d)
+
+
+def error_reason(traj: Trajectory) -> str | None:
+    """Why the episode did not run to a measured outcome (a sandbox or engine failure, a verifier error not of
+    the agent's making, a tampered verification), or None. Such an episode is never scored: neither trained on
+    nor counted in an evaluation's figures (errors the agent caused are scored as failures)."""
+    if traj.error or traj.stop_reason == StopReason.ERROR:
+        return f"episode error: {traj.error or 'stop reason error'}"
+    if traj.tampered:
+        return f"verifier tampered: {traj.tampered}"
+    if traj.verifier_error and getattr(traj, "verifier_fault", None) != "agent":
+        return f"verifier error: {traj.verifier_error}"
+    return None

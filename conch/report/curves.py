@@ -140,10 +140,12 @@ def eval_panels(run_dir: Path, ppo: list[dict]) -> list[Panel]:
             if not d:
                 continue
             step = eval_step(name, iterations)
-            fams.setdefault("all", []).append((step, d["pass_rate"]))
+            if d.get("pass_rate") is not None:  # None: no episode of that evaluation ran
+                fams.setdefault("all", []).append((step, d["pass_rate"]))
             per: dict[str, list[float]] = {}
             for task, v in d.get("per_task", {}).items():
-                per.setdefault(family_of(task), []).append(v["pass_rate"])
+                if v.get("pass_rate") is not None:
+                    per.setdefault(family_of(task), []).append(v["pass_rate"])
             for fam, xs in per.items():
                 fams.setdefault(fam, []).append((step, sum(xs) / len(xs)))
         if fams:

@@ -15,13 +15,17 @@ from conch.progress import Progress
 from conch.report.store import TrajectoryStore, family_of
 
 
-def eval_metrics(name: str, per_task: dict[str, dict[str, float]], pass_rate: float, tests_passed_mean: float
-                 ) -> dict[str, float]:
-    """`eval/<name>/pass_rate`, `eval/<name>/tests_passed_mean` and the pass rate of each task family."""
-    m = {f"eval/{name}/pass_rate": pass_rate, f"eval/{name}/tests_passed_mean": tests_passed_mean}
+def eval_metrics(name: str, per_task: dict[str, dict[str, Any]], pass_rate: float | None,
+                 tests_passed_mean: float | None, errors: int = 0) -> dict[str, float]:
+    """`eval/<name>/pass_rate`, `eval/<name>/tests_passed_mean`, `eval/<name>/errors` and the pass rate of each
+    task family, over the episodes that ran (a figure no episode measured is left out, never a zero)."""
+    m = {f"eval/{name}/pass_rate": pass_rate, f"eval/{name}/tests_passed_mean": tests_passed_mean,
+         f"eval/{name}/errors": float(errors)}
+    m = {k: v for k, v in m.items() if v is not None}
     fams: dict[str, list[float]] = {}
     for task, d in per_task.items():
-        fams.setdefault(family_of(task), []).append(d["pass_rate"])
+        if d.get("pass_rate") is not None:
+            fams.setdefault(family_of(task), []).append(d["pass_rate"])
     for fam, xs in sorted(fams.items()):
         m[f"eval/{name}/family/{fam}/pass_rate"] = sum(xs) / len(xs)
     return m
@@ -59,7 +63,8 @@ class RunRecorder:
     def evaluated(self, name: str, res: Any, ppo_iterations: int) -> None:
         """Logs the evaluation at the PPO iteration it measures (init and warm: 0; iterN: N; final: the end)."""
         step = int(name[4:]) if name.startswith("iter") else ppo_iterations if "final" in name else 0
-        self.metrics.log_event("eval", step, eval_metrics(name, res.per_task, res.pass_rate, res.tests_passed_mean))
+        self.metrics.log_event("eval", step, eval_metrics(name, res.per_task, res.pass_rate, res.tests_passed_mean,
+                                                          res.errors))
 
     def rollout_progress(self, total: int, label: str) -> Callable[[Any], None]:
         bar = Progress(total, label)

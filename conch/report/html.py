@@ -146,7 +146,8 @@ def _summary(run_dir: Path | None) -> dict[str, Any]:
     evals = {n: (read_json(run_dir / "evals" / f"{n}.json") or {}) for n in eval_names(run_dir)}
     config = (run_dir / "config.toml").read_text() if (run_dir / "config.toml").exists() else ""
     return {"summary": s, "times": times, "iterations": len(ppo), "config": config,
-            "evals": {n: {k: d.get(k) for k in ("pass_rate", "tests_passed_mean", "samples", "tasks")}
+            "evals": {n: {k: d.get(k) for k in ("pass_rate", "tests_passed_mean", "samples", "tasks", "errors",
+                                                 "policy")}
                       for n, d in evals.items()}}
 
 

@@ -30,6 +30,7 @@ NAMESPACES = ("rollout", "reward", "train", "mismatch", "sandbox", "stop", "eval
 DEFAULT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("reward/mean", "reward"),
     ("reward/pass_all", "pass"),
+    ("reward/excluded", "excluded"),
     ("train/policy_loss", "pg_loss"),
     ("train/value_loss", "v_loss"),
     ("train/approx_kl", "kl"),

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from conch.agent.trajectory import StopReason
+from conch.agent.trajectory import error_reason
 
 if TYPE_CHECKING:
     from conch.agent.trajectory import Trajectory
@@ -50,12 +50,8 @@ def check_mode(mode: str) -> str:
 
 def exclusion_reason(traj: "Trajectory") -> str | None:
     """Why `traj` must be left out of the loss, or None when it can be scored."""
-    if traj.error or traj.stop_reason == StopReason.ERROR:
-        return f"episode error: {traj.error or 'stop reason error'}"
-    if traj.tampered:
-        return f"verifier tampered: {traj.tampered}"
-    if traj.verifier_error and getattr(traj, "verifier_fault", None) != "agent":
-        return f"verifier error: {traj.verifier_error}"
+    if why := error_reason(traj):
+        return why
     if traj.n_total <= 0:
         return "verifier reported no test outcomes (n_total = 0)"
     if not any(traj.mask):

@@ -4,13 +4,15 @@ a finished stage leaves a marker (`*.done.json`) with what it produced, so `--re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from conch.agent.trajectory import error_reason
 from conch.config import Config
 
 EVAL_SEED_OFFSET = 1_000_000  # eval tasks use synthesis seeds far from the training seeds
@@ -186,18 +188,56 @@ def init_or_load_model(cfg: Config, run_dir: Path, corpus: Corpus) -> Path:
 
 @dataclass
 class EvalResult:
-    pass_rate: float
-    tests_passed_mean: float
-    samples: int
+    """An evaluation's figures, over the episodes that ran: an episode that errored for a reason not the agent's
+    (`agent.trajectory.error_reason`) is counted in `errors`, never as a zero. `pass_rate` and
+    `tests_passed_mean` are None when no episode ran."""
+
+    pass_rate: float | None
+    tests_passed_mean: float | None
+    samples: int  # episodes, errored ones included
     tasks: int
-    per_task: dict[str, dict[str, float]]
+    per_task: dict[str, dict[str, Any]]
     turns_mean: float = 0.0  # assistant turns per episode
     sampled_tokens_mean: float = 0.0  # tokens the policy sampled per episode
+    errors: int = 0  # episodes not scored: sandbox/engine failures, infrastructure verifier errors, tampering
+    agent_errors: int = 0  # verifier errors the agent caused, scored as failures (and counted in the figures)
+    error_tasks: dict[str, str] = field(default_factory=dict)  # task -> reason, for tasks that errored every time
+    policy: str = ""  # which policy was measured (the cache key, with `setup`)
+    setup: dict[str, Any] = field(default_factory=dict)  # the evaluation's own settings (seed, samples, tasks)
+
+    @property
+    def ran(self) -> int:
+        return self.samples - self.errors
 
     def to_json(self) -> dict[str, Any]:
-        return {"pass_rate": self.pass_rate, "tests_passed_mean": self.tests_passed_mean, "samples": self.samples,
-                "tasks": self.tasks, "turns_mean": self.turns_mean, "sampled_tokens_mean": self.sampled_tokens_mean,
-                "per_task": self.per_task}
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "EvalResult":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def describe(self) -> str:
+        """One log line: the figures, and the errors beside them."""
+        if self.ran == 0:
+            head = "no episode ran"
+        else:
+            head = f"pass rate {self.pass_rate:.3f}, tests passed {self.tests_passed_mean:.2f}"
+        tail = f"{self.ran} of {self.samples} episodes ran" if self.errors else f"{self.samples} episodes"
+        if self.errors:
+            tail += f"; {self.errors} error{'s' if self.errors != 1 else ''} not counted"
+        if self.agent_errors:
+            tail += f"; {self.agent_errors} verifier error{'s' if self.agent_errors != 1 else ''} caused by the " \
+                    f"agent, scored as failures"
+        return f"{head} ({tail})"
+
+
+def _figures(trajs: Sequence[Any]) -> dict[str, Any]:
+    ran = [t for t in trajs if not error_reason(t)]
+    n = len(ran)
+    return {"pass_rate": sum(1 for t in ran if t.n_total and t.n_passed == t.n_total) / n if n else None,
+            "tests_passed_mean": sum(t.n_passed for t in ran) / n if n else None,
+            "n_total": max((t.n_total for t in trajs), default=0), "errors": len(trajs) - n}
 
 
 def eval_result(trajs: Sequence[Any]) -> EvalResult:
@@ -205,17 +245,24 @@ def eval_result(trajs: Sequence[Any]) -> EvalResult:
     for t in trajs:
         per.setdefault(t.task, []).append(t)
     n = len(trajs) or 1
-    solved = [t for t in trajs if t.n_total and t.n_passed == t.n_total and not t.verifier_error]
+    total = _figures(trajs)
+    error_tasks = {}
+    for task, group in sorted(per.items()):
+        reasons = [error_reason(t) for t in group]
+        if all(reasons):
+            error_tasks[task] = reasons[0]
     return EvalResult(
-        pass_rate=len(solved) / n,
-        tests_passed_mean=sum(t.n_passed for t in trajs) / n,
+        pass_rate=total["pass_rate"],
+        tests_passed_mean=total["tests_passed_mean"],
         samples=len(trajs),
         tasks=len(per),
         turns_mean=sum(len(t.turns) for t in trajs) / n,
         sampled_tokens_mean=sum(t.num_sampled for t in trajs) / n,
-        per_task={k: {"pass_rate": sum(1 for t in v if t.n_total and t.n_passed == t.n_total) / len(v),
-                      "tests_passed_mean": sum(t.n_passed for t in v) / len(v),
-                      "n_total": max(t.n_total for t in v)} for k, v in sorted(per.items())},
+        per_task={k: _figures(v) for k, v in sorted(per.items())},
+        errors=total["errors"],
+        agent_errors=sum(1 for t in trajs if t.verifier_error and getattr(t, "verifier_fault", None) == "agent"
+                         and not error_reason(t)),
+        error_tasks=error_tasks,
     )
 
 

@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from conch.config import Config, ConfigError, describe
+from conch.rl.figures import iteration_line, last_mismatch, make_summary, summary_table  # noqa: F401 (re-export)
 from conch.rl.stages import (
     Corpus,
     EvalResult,
@@ -83,15 +86,26 @@ def check_config(cfg: Config) -> None:
 
 
 def train(cfg: Config, run_dir: Path) -> dict[str, Any]:
+    """The whole run. Ctrl-C or SIGTERM stops it with one line (stage, last checkpoint, the resume command) and
+    exit status 130, after every stage's cleanup ran (conch/rl/run_state.py)."""
+    from conch.rl.run_state import Interrupt, RunClock
+
     check_config(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(describe(cfg))
-    t_start = time.monotonic()
-    corpus = build_corpus(cfg, run_dir)  # synchronous: it validates tasks with its own event loop
-    return asyncio.run(_train(cfg, run_dir, corpus, t_start))
+    clock, interrupt = RunClock(run_dir), Interrupt()
+    try:
+        interrupt.enter("the corpus stage")
+        corpus = build_corpus(cfg, run_dir)  # synchronous: it validates tasks with its own event loop
+        return asyncio.run(_train(cfg, run_dir, corpus, clock, interrupt))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print(interrupt.message(run_dir), file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+    finally:
+        clock.save()
 
 
-async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> dict[str, Any]:
+async def _train(cfg: Config, run_dir: Path, corpus: Corpus, clock: Any, interrupt: Any) -> dict[str, Any]:
     import torch
 
     from conch.agent.tito import ChatCodec
@@ -103,6 +117,7 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     from conch.rl.metrics import MetricsLogger
     from conch.tasks.synth.trajectories import BASH_TOOL
 
+    interrupt.install()
     torch.manual_seed(cfg.run.seed)
     train_tasks = load_task_list(corpus.train)
     pool = load_task_list(corpus.rl) if corpus.rl else train_tasks  # what the critic warm-up and PPO roll out on
@@ -125,12 +140,15 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
     evals = Evals(cfg, run_dir, engine, codec, recorder)
     source = learner = None
     try:
+        interrupt.enter("the initial evaluation")
         evals["init"] = await evals.run("init", eval_tasks, seed=11)                # the untrained model
         evals["heldout_init"] = await evals.run("heldout_init", heldout_tasks, seed=12)
 
+        interrupt.enter("the SFT warm start")
         policy = sft_stage(cfg, run_dir, policy, tok, codec, corpus, pad_id, recorder)  # warm start 1: SFT
         learner = make_learner(cfg, policy, tok, pad_id, model_dir, run_dir)  # N ranks: cluster.learner_ranks
         evals.weights = learner.weights
+        interrupt.enter("the evaluation of the warm policy")
         evals["warm"] = await evals.run("warm", eval_tasks, seed=11)
         evals["heldout_warm"] = await evals.run("heldout_warm", heldout_tasks, seed=12)
 
@@ -143,18 +161,21 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
         elif marker(run_dir, "critic"):
             learner.load_critic(run_dir / "critic.pt")
         else:                                                                        # warm start 2: critic
+            interrupt.enter("the critic warm-up")
             curve = await critic_warmup(cfg, learner, source, pool, recorder)
             learner.save_critic(run_dir / "critic.pt")
             mark_done(run_dir, "critic", {"explained_variance": curve})
 
         if dropped := metrics.keep_before(start_it):  # rows logged after the last checkpoint are redone
             log(f"metrics.jsonl: dropped {dropped} row(s) from iteration {start_it} on, logged after the last checkpoint")
-        stopped_early = await ppo(cfg, run_dir, learner, source, pool, evals, eval_tasks, metrics, start_it, t_start,
-                                  recorder)
+        stopped_early = await ppo(cfg, run_dir, learner, source, pool, evals, eval_tasks, metrics, start_it, clock.t0,
+                                  recorder, stage=interrupt.enter)
         learner.publish(run_dir / "final")  # the trained policy, whole, for `conch eval --model`
 
-        evals["final"] = await evals.run("final", eval_tasks, seed=11)               # final evaluation
-        evals["heldout_final"] = await evals.run("heldout_final", heldout_tasks, seed=12)
+        interrupt.enter("the final evaluation")
+        trained = f"ppo-{ppo_updates(run_dir)}"  # the cache of a resumed run that trained on is not reused
+        evals["final"] = await evals.run("final", eval_tasks, seed=11, policy=trained)
+        evals["heldout_final"] = await evals.run("heldout_final", heldout_tasks, seed=12, policy=trained)
         final_mismatch = last_mismatch(run_dir)
     finally:
         metrics.close()
@@ -163,11 +184,19 @@ async def _train(cfg: Config, run_dir: Path, corpus: Corpus, t_start: float) -> 
         if source is not None and getattr(source, "engine", None) is not engine:
             await source.aclose()  # Ray workers; the local source shares `engine`, closed below
         await engine.aclose()
-    summary = make_summary(evals, final_mismatch, time.monotonic() - t_start, stopped_early)
+    summary = make_summary(evals, final_mismatch, clock.total_seconds(), stopped_early)
     from conch.rl.checkpoint import atomic_write_text
 
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def ppo_updates(run_dir: Path) -> int:
+    """PPO iterations the newest complete checkpoint holds (0 before the first)."""
+    from conch.rl.checkpoint import list_checkpoints
+
+    found = list_checkpoints(run_dir)
+    return found[-1][0] + 1 if found else 0
 
 
 def make_eval_engine(cfg: Config, run_dir: Path, policy: Any, tok: Any, model_dir: Path) -> Any:
@@ -207,27 +236,39 @@ class Evals(dict):
         super().__init__()
         self.cfg, self.run_dir, self.engine, self.codec, self.recorder = cfg, run_dir, engine, codec, recorder
         self.weights: Any = None  # callable returning the policy's current weights, once a learner exists
+        self.named_errors: set[str] = set()
         (run_dir / "evals").mkdir(exist_ok=True)
 
-    async def run(self, name: str, tasks: list, seed: int) -> EvalResult | None:
-        from conch.rl.checkpoint import read_json
+    async def run(self, name: str, tasks: list, seed: int, policy: str = "") -> EvalResult | None:
+        """Evaluate `policy` (a name of the weights measured: "init", "warm", "ppo-3"...) on `tasks`, or return
+        the cached result when it measured the same policy with the same settings."""
+        from conch.rl.checkpoint import atomic_write_text, read_json
 
+        policy = policy or name
+        setup = {"seed": seed, "n_per_task": self.cfg.eval.n_per_task, "temperature": self.cfg.eval.temperature,
+                 "tasks": len(tasks)}
         cache = self.run_dir / "evals" / f"{name}.json"
         cached = read_json(cache, "evaluation cache")  # an empty or corrupt cache is redone, with a warning
         if isinstance(cached, dict):
-            return EvalResult(**cached)
+            old = EvalResult.from_json(cached)
+            if (old.policy or policy, old.setup or setup) == (policy, setup):
+                return old
+            log(f"evals/{name}.json measured {old.policy or 'another policy'} {old.setup}: evaluating {policy} again")
         if not tasks:
             return None
         if self.weights is not None:
             self.engine.load_weights(self.weights())
-        log(f"evaluating {name} on {len(tasks)} tasks x {self.cfg.eval.n_per_task}")
+        log(f"evaluating {name} ({policy}) on {len(tasks)} tasks x {self.cfg.eval.n_per_task}")
         with self.recorder.evaluation(name, len(tasks) * self.cfg.eval.n_per_task) as keep:  # RUNDIR/trajectories
             res = await evaluate(self.engine, self.codec, tasks, self.cfg, seed=seed, on_done=keep)
+        res.policy, res.setup = policy, setup
         self.recorder.evaluated(name, res, self.cfg.ppo.iterations)
-        from conch.rl.checkpoint import atomic_write_text
-
         atomic_write_text(cache, json.dumps(res.to_json()))
-        log(f"eval {name}: pass rate {res.pass_rate:.3f}, tests passed {res.tests_passed_mean:.2f} ({res.samples} samples)")
+        log(f"eval {name}: {res.describe()}")
+        for task, reason in res.error_tasks.items():
+            if task not in self.named_errors:  # said once per run, not at every evaluation
+                self.named_errors.add(task)
+                log(f"task {task} errored on every sample: {reason}")
         return res
 
 
@@ -276,7 +317,8 @@ async def critic_warmup(cfg: Config, learner: Any, source: Any, pool: list, reco
 
 
 async def ppo(cfg: Config, run_dir: Path, learner: Any, source: Any, pool: list, evals: Evals | None,
-              eval_tasks: list, metrics: Any, start_it: int, t_start: float, recorder: Any = None) -> bool:
+              eval_tasks: list, metrics: Any, start_it: int, t_start: float, recorder: Any = None,
+              stage: Any = None) -> bool:
     """PPO iterations: rollout -> verify -> reward -> advantages -> update -> sync -> eval -> checkpoint.
 
     With `ppo.off_policy_steps = 1` the rollout of iteration k+1 runs (on weights one update old) while the
@@ -291,12 +333,16 @@ async def ppo(cfg: Config, run_dir: Path, learner: Any, source: Any, pool: list,
         metrics_sync.update({"time/sync_s": sync["seconds"], "sync/bytes": sync["bytes"]})
         log(f"weight sync: {sync['bytes'] / 1e6:.1f} MB in {sync['seconds']:.2f} s")
         tasks = sample_tasks(cfg, pool, it)
-        progress = recorder.rollout_progress(len(tasks) * cfg.ppo.n_per_task, f"PPO iteration {it}") if recorder else None
+        label = f"PPO iteration {it + 1}/{cfg.ppo.iterations}"
+        progress = recorder.rollout_progress(len(tasks) * cfg.ppo.n_per_task, label) if recorder else None
         return asyncio.ensure_future(source.rollouts(tasks, cfg.ppo.n_per_task, seed=it, on_done=progress))
 
     metrics_sync: dict[str, float] = {}
+    durations: list[float] = []
     for it in range(start_it, cfg.ppo.iterations):
         t_it = time.monotonic()
+        if stage is not None:
+            stage(f"PPO iteration {it + 1}/{cfg.ppo.iterations}")
         if pending is None:
             pending, pending_version = start(it), version
         rollout = await pending                                                            # rollout + verify
@@ -311,6 +357,7 @@ async def ppo(cfg: Config, run_dir: Path, learner: Any, source: Any, pool: list,
         m.update(metrics_sync)
         m["mismatch/staleness"] = staleness
         m["time/iteration_s"] = time.monotonic() - t_it
+        m["rollout/excluded"] = m.get("reward/excluded", 0.0)
         due = cfg.ppo.eval_every and (it + 1) % cfg.ppo.eval_every == 0
         if due and it + 1 < cfg.ppo.iterations:                                            # eval
             if pending is not None:
@@ -319,6 +366,8 @@ async def ppo(cfg: Config, run_dir: Path, learner: Any, source: Any, pool: list,
             if res is not None:
                 m["eval/pass_rate"], m["eval/tests_passed_mean"] = res.pass_rate, res.tests_passed_mean
         metrics.log(it, m)
+        durations.append(time.monotonic() - t_it)
+        log(iteration_line(it, cfg, m, durations, time.monotonic() - t_start))
         over = cfg.run.time_budget_minutes and (time.monotonic() - t_start) / 60 > cfg.run.time_budget_minutes
         if (it + 1) % cfg.ppo.checkpoint_every == 0 or it + 1 == cfg.ppo.iterations or over:  # checkpoint
             learner.save(run_dir, it)
@@ -370,9 +419,12 @@ def warm_start_sft(cfg: Config, policy: Any, codec: Any, trajectories: Path | No
     rep = train_sft(policy, examples, pad_id, cfg.sft.steps, cfg.sft.lr, cfg.sft.batch_size, cfg.sft.val_fraction,
                     cfg.sft.eval_every, cfg.sft.patience, max_cuts=cfg.sft.lr_cuts, seed=cfg.run.seed,
                     on_step=on_step)
-    log(f"SFT: {rep.steps} steps, best validation loss {rep.best_val:.3f}, stopped at {rep.stopped} "
-        f"(learning rate cut at steps {rep.lr_cuts})")
-    return {"steps": rep.steps, "best_val": rep.best_val, "stopped": rep.stopped, "seconds": rep.seconds,
+    val = (f"best validation loss {rep.best_val:.3f}" if math.isfinite(rep.best_val)
+           else "no validation split (sft.val_fraction = 0 or too few demonstrations)")
+    cuts = f"learning rate cut at steps {', '.join(map(str, rep.lr_cuts))}" if rep.lr_cuts else "no learning-rate cut"
+    log(f"SFT: {rep.steps} steps, {val}, stopped at {rep.stopped} ({cuts})")
+    best = rep.best_val if math.isfinite(rep.best_val) else None  # JSON has no infinity
+    return {"steps": rep.steps, "best_val": best, "stopped": rep.stopped, "seconds": rep.seconds,
             "lr_cuts": rep.lr_cuts, "train_curve": rep.train_loss,
             "val_curve": rep.val_loss, "examples": rep.examples, "val_examples": rep.val_examples}
 
@@ -410,48 +462,3 @@ def rollout_metrics(trajs: list, rstats: Any) -> dict[str, float]:
         key = f"stop/{t.stop_reason.value}"
         m[key] = m.get(key, 0) + 1 / n
     return m
-
-
-def last_mismatch(run_dir: Path) -> dict[str, float]:
-    from conch.rl.metrics import read_metrics
-
-    rows = read_metrics(run_dir)
-    if not rows:
-        return {}
-    last = rows[-1]
-    return {k.split("/", 1)[1]: last.get(k) for k in ("mismatch/logprob_abs_diff", "mismatch/routing_disagreement")
-            if k in last}
-
-
-def make_summary(evals: dict, mismatch: dict, seconds: float, stopped_early: bool) -> dict[str, Any]:
-    def pick(prefix: str, field: str) -> dict[str, float | None]:
-        return {stage: (getattr(evals.get(f"{prefix}{stage}"), field, None)) for stage in ("init", "warm", "final")}
-
-    final = evals.get("final")
-    heldout = evals.get("heldout_final")
-    return {
-        "pass_rate": pick("", "pass_rate"),
-        "tests_passed_mean": pick("", "tests_passed_mean"),
-        "eval_tasks": final.tasks if final else 0,
-        "eval_samples": final.samples if final else 0,
-        "heldout_families": {
-            "pass_rate": pick("heldout_", "pass_rate"),
-            "tests_passed_mean": pick("heldout_", "tests_passed_mean"),
-            "tasks": heldout.tasks if heldout else 0,
-        },
-        "mismatch": mismatch,
-        "minutes": seconds / 60,
-        "stopped_early": stopped_early,
-    }
-
-
-def summary_table(summary: dict) -> str:
-    lines = [f"{'':24}{'init':>8}{'warm':>8}{'final':>8}"]
-    for label, d in (("pass rate", summary["pass_rate"]), ("tests passed (mean)", summary["tests_passed_mean"]),
-                     ("heldout pass rate", summary["heldout_families"]["pass_rate"]),
-                     ("heldout tests passed", summary["heldout_families"]["tests_passed_mean"])):
-        cells = "".join(f"{v:8.3f}" if isinstance(v, (int, float)) else f"{'-':>8}" for v in (d["init"], d["warm"], d["final"]))
-        lines.append(f"{label:24}{cells}")
-    lines.append(f"eval: {summary['eval_tasks']} tasks, {summary['eval_samples']} samples; "
-                 f"mismatch {summary['mismatch']}; {summary['minutes']:.1f} min")
-    return "\n".join(lines)

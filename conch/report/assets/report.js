@@ -14,15 +14,16 @@ function renderSummary() {
   if (s.pass_rate) {
     rows.push(["pass rate", s.pass_rate], ["tests passed (mean)", s.tests_passed_mean]);
     if (s.heldout_families) rows.push(["heldout pass rate", s.heldout_families.pass_rate], ["heldout tests passed", s.heldout_families.tests_passed_mean]);
+    if (s.eval_errors && Object.values(s.eval_errors).some((v) => v)) rows.push(["errors (not counted)", s.eval_errors]);
   }
   if (rows.length) {
     h += `<table id="summary-table"><thead><tr><th></th><th class="num">init</th><th class="num">warm</th><th class="num">final</th></tr></thead><tbody>`;
-    const f3 = (v) => (typeof v === "number" ? v.toFixed(3) : "–");
-    for (const [label, d] of rows) h += `<tr><td>${label}</td>${["init", "warm", "final"].map((k) => `<td class="num">${f3(d[k])}</td>`).join("")}</tr>`;
+    const f3 = (v, count) => (typeof v === "number" ? (count ? String(v) : v.toFixed(3)) : "–");
+    for (const [label, d] of rows) h += `<tr><td>${label}</td>${["init", "warm", "final"].map((k) => `<td class="num">${f3(d[k], label.startsWith("errors"))}</td>`).join("")}</tr>`;
     h += `</tbody></table>`;
   } else if (run.evals && Object.keys(run.evals).length) {
-    h += `<table id="summary-table"><thead><tr><th>evaluation</th><th class="num">pass rate</th><th class="num">tests passed</th><th class="num">samples</th></tr></thead><tbody>`;
-    for (const [n, e] of Object.entries(run.evals)) h += `<tr><td>${esc(n)}</td><td class="num">${fmt(e.pass_rate)}</td><td class="num">${fmt(e.tests_passed_mean)}</td><td class="num">${fmt(e.samples)}</td></tr>`;
+    h += `<table id="summary-table"><thead><tr><th>evaluation</th><th class="num">pass rate</th><th class="num">tests passed</th><th class="num">samples</th><th class="num">errors</th></tr></thead><tbody>`;
+    for (const [n, e] of Object.entries(run.evals)) h += `<tr><td>${esc(n)}</td><td class="num">${fmt(e.pass_rate)}</td><td class="num">${fmt(e.tests_passed_mean)}</td><td class="num">${fmt(e.samples)}</td><td class="num">${fmt(e.errors ?? 0)}</td></tr>`;
     h += `</tbody></table>`;
   } else {
     const n = D.trajectories.length, solved = D.trajectories.filter((t) => t.outcome === "solved").length;

@@ -1,5 +1,5 @@
 # The two commands of the README do all set-up on a fresh machine:
-#   make run    set up, then run the main job: `conch train` on the embedded default (tiny model, local sandbox)
+#   make run    set up, then run the main job: `conch train --preset demo` (tiny model, local sandbox)
 #   make test   set up, then run the test suite
 # `make install` alone builds the environment; it is idempotent (seconds when already done).
 
@@ -61,10 +61,10 @@ base: $(STAMP)
 test: install
 	$(BIN)/python -m pytest -q
 
-# The main job: the embedded demo (`conch train` with its default config) into a fresh run folder.
+# The main job: the CPU demo (the demo preset, conch/configs/demo.toml) into a fresh run folder.
 RUN_DIR ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 run: install
-	$(CONCH) train --out $(RUN_DIR)
+	$(CONCH) train --preset demo --out $(RUN_DIR)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

@@ -3,6 +3,10 @@
 Why dataclasses and not dicts: a typo in a key or a string where a number belongs fails at load time with the
 file and the field named, not twenty minutes into a run. `conch config show` prints the resolved config with each
 field's documentation, so the config is its own reference.
+
+The defaults are what a real run wants (no time budget, 300 turns, the model's context); whole configs for one
+purpose, the CPU demo first, are presets (conch/presets.py, conch/configs/*.toml). Precedence: defaults < preset
+< --config file < dotted overrides.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ class ConfigError(ValueError):
 
 
 def opt(default: Any, doc: str, *, choices: tuple | None = None, ge: float | None = None,
-        gt: float | None = None, le: float | None = None, lt: float | None = None) -> Any:
-    """A documented config field; `choices` and the bounds are checked whenever a value is set."""
-    meta = {"doc": doc, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt}
+        gt: float | None = None, le: float | None = None, lt: float | None = None, check: Any = None) -> Any:
+    """A documented config field; `choices`, the bounds and `check` (value -> None, or what is wrong with it)
+    are checked whenever a value is set."""
+    meta = {"doc": doc, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "check": check}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -35,6 +40,9 @@ def check_value(meta: Any, val: Any, name: str) -> None:
     choices = meta.get("choices")
     if choices and val not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(map(str, choices))}, got {val!r}")
+    problem = meta.get("check") and meta["check"](val)
+    if problem:
+        raise ConfigError(f"{name} {problem}, got {val!r}")
     if not isinstance(val, (int, float)) or isinstance(val, bool):
         return
     for key, ok, word in (("ge", lambda a, b: a >= b, ">="), ("gt", lambda a, b: a > b, ">"),
@@ -42,6 +50,16 @@ def check_value(meta: Any, val: Any, name: str) -> None:
         bound = meta.get(key)
         if bound is not None and not ok(val, bound):
             raise ConfigError(f"{name} must be {word} {bound}, got {val!r}")
+
+
+def _three_shares(val: list[float]) -> str | None:
+    if len(val) != 3 or any(v < 0 for v in val) or abs(sum(val) - 1.0) > 1e-6:
+        return "must be three non-negative shares (SFT, PPO pool, evaluation) summing to 1"
+    return None
+
+
+def _zero_or_16(val: int) -> str | None:
+    return None if val == 0 or val >= 16 else "must be 0 (the model's context) or >= 16"
 
 
 @dataclass
@@ -58,14 +76,15 @@ class CorpusConfig:
                                    "the verifier which way passes (0: a perfect expert)", ge=0.0, le=1.0)
     n_eval: int = opt(60, "synthesized evaluation tasks (train families, seeds never trained on)", ge=0)
     n_heldout: int = opt(10, "synthesized tasks of the heldout families (transfer to unseen kinds of task)", ge=0)
-    families: list = opt(["make-dirs", "count-lines", "count-files", "copy-files", "remove-files"],
-                          "train families to synthesize (default: the starter families sized for the tiny demo model; "
-                          "empty: every family of the train split)")
+    families: list[str] = opt([], "train families to synthesize when corpus.train_tasks is empty (empty: every "
+                                  "family of the train split; the demo preset names the five starter families "
+                                  "sized for the tiny model)")
     seed: int = opt(1, "synthesis seed of the training tasks (eval uses disjoint seeds); also the seed of "
                        "corpus.split")
-    split: list = opt([0.3, 0.5, 0.2], "with corpus.train_tasks and no corpus.eval_tasks: shares of the user's "
-                                        "tasks for SFT demonstrations, the PPO pool and evaluation (by task, "
-                                        "seeded by corpus.seed)")
+    split: list[float] = opt([0.3, 0.5, 0.2], "with corpus.train_tasks and no corpus.eval_tasks: shares of the "
+                                               "user's tasks for SFT demonstrations, the PPO pool and evaluation "
+                                               "(three, summing to 1; by task, seeded by corpus.seed)",
+                              check=_three_shares)
     sft_data: str = opt("", "demonstrations for the SFT warm start: a JSONL file of OpenAI-style chats "
                             "({\"messages\": [...]} with tool_calls) or ATIF trajectories, or a folder of "
                             ".json/.jsonl files; empty: the training tasks' solution/solve.sh, run in the "
@@ -102,14 +121,21 @@ class EngineConfig:
                           "else the current python")
     port: int = opt(0, "vllm launch: port on 127.0.0.1 (0: a free one)", ge=0, le=65535)
     startup_timeout: float = opt(600.0, "vllm launch: seconds to wait for the server's health check", gt=0)
-    extra_args: list = opt([], "vllm launch: extra `vllm serve` arguments, e.g. [\"--max-model-len\", \"8192\"]")
+    extra_args: list[str] = opt([], "vllm launch: extra `vllm serve` arguments, e.g. [\"--max-model-len\", \"8192\"]")
 
 
 @dataclass
 class AgentLoopConfig:
-    max_turns: int = opt(4, "assistant turns per episode", ge=1)
-    max_new_tokens: int = opt(64, "tokens per assistant turn", ge=1)
-    max_context: int = opt(2048, "context limit in tokens", ge=16)
+    max_turns: int = opt(300, "assistant turns per episode at most (terminal tasks take tens to hundreds; the "
+                              "episode also ends at the context limit)", ge=1)
+    max_new_tokens: int = opt(2048, "tokens per assistant turn at most: a guard against a runaway turn, not a "
+                                    "target (a turn ends at the model's end of turn). 2048 holds a paragraph of "
+                                    "reasoning plus a heredoc that writes a ~150-line file, the longest ordinary "
+                                    "terminal action, and is 5% of a 40k context, so one looping turn cannot eat "
+                                    "the episode; a thinking model that reasons at length may want more", ge=1)
+    max_context: int = opt(0, "context limit of an episode in tokens (prompt, turns and observations); 0: the "
+                              "model's max_position_embeddings (its config.json); never above the model's",
+                           ge=0, check=_zero_or_16)
     obs_token_budget: int = opt(256, "observation tokens kept per command (head and tail)", ge=1)
     command_timeout: float = opt(30.0, "seconds per command", gt=0)
     temperature: float = opt(1.0, "sampling temperature for training rollouts", ge=0.0)
@@ -124,7 +150,9 @@ class SFTConfig:
                         "training task); PPO's task pool is unaffected", ge=0)
     steps: int = opt(600, "optimizer steps of the warm start at most; it normally ends earlier, at the plateau "
                           "of its validation loss (see patience and lr_cuts)", ge=0)
-    lr: float = opt(4e-3, "peak learning rate, reached after a linear warm-up of min(20, steps / 10) steps", gt=0.0)
+    lr: float = opt(1e-5, "peak learning rate, reached after a linear warm-up of min(20, steps / 10) steps (1e-5: "
+                          "full fine-tuning of a pretrained model; the demo's randomly initialised tiny model: 4e-3)",
+                    gt=0.0)
     batch_size: int = opt(8, "trajectories per step", ge=1)
     val_fraction: float = opt(0.1, "share of expert trajectories held out for the validation-loss curve",
                                ge=0.0, lt=1.0)
@@ -149,8 +177,9 @@ class PPOConfig:
     tasks_per_iter: int = opt(16, "tasks sampled per iteration", ge=1)
     n_per_task: int = opt(4, "rollouts per task (K)", ge=1)
     concurrency: int = opt(16, "trajectories in flight", ge=1)
-    lr: float = opt(1e-4, "actor learning rate", gt=0.0)
-    critic_lr: float = opt(1e-3, "critic learning rate", gt=0.0)
+    lr: float = opt(1e-6, "actor learning rate (1e-6: PPO on a pretrained LLM; the demo's tiny model: 1e-4)", gt=0.0)
+    critic_lr: float = opt(5e-6, "critic learning rate, in the critic warm-up too (5e-6: a value model initialised "
+                                 "from a pretrained LLM; the demo's tiny model: 1e-3)", gt=0.0)
     epochs: int = opt(2, "optimisation passes over each batch", ge=1)
     micro_batch: int = opt(4, "trajectories per forward/backward", ge=1)
     grad_accum: int = opt(4, "micro-batches per optimizer step", ge=1)
@@ -210,8 +239,8 @@ class RunConfig:
     name: str = opt("", "run name in W&B ('': the run folder's name)")
     keep_rollouts: int = opt(4, "PPO rollouts kept per iteration in RUNDIR/trajectories (-1: all; 0: none); "
                                 "every evaluation's trajectories are always kept", ge=-1)
-    time_budget_minutes: float = opt(16.0, "stop PPO early once the run has taken this many minutes, then evaluate "
-                                           "and summarise (0: no limit)", ge=0.0)
+    time_budget_minutes: float = opt(0.0, "stop PPO early once the run has taken this many minutes, then evaluate "
+                                          "and summarise (0: no limit, every ppo.iterations runs)", ge=0.0)
 
 
 @dataclass
@@ -247,6 +276,7 @@ class ClusterConfig:
 
 @dataclass
 class Config:
+    preset = ""  # not a field: the preset this config was built on (recorded in config.toml's first line)
     run: RunConfig = field(default_factory=RunConfig)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -296,15 +326,16 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
     if typ is list or origin is list:
         if isinstance(value, str) and value.strip().startswith("["):  # a TOML array: ["a", "b"]
             try:
-                return tomllib.loads(f"v = {value}")["v"]
+                value = tomllib.loads(f"v = {value}")["v"]
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigError(f"{where}: expected a TOML array or comma-separated values, got {value!r} "
                                   f"({exc})") from None
-        if isinstance(value, str):
-            return [v.strip() for v in value.split(",") if v.strip()]
+        elif isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
-        return value
+        item = typing.get_args(typ)  # list[float]: every element coerced, so config.toml stores numbers
+        return [_coerce(v, item[0], f"{where}[{i}]") for i, v in enumerate(value)] if item else value
     if typ is dict or origin is dict:
         if isinstance(value, str):  # a TOML inline table or JSON object: {sandbox_node = 1}
             text = value.strip() or "{}"
@@ -343,24 +374,47 @@ def _did_you_mean(word: str, options: Any) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
-    """Defaults, then the TOML file, then `section.key=value` overrides, validated."""
+def read_toml(path: str | Path) -> tuple[dict, str]:
+    """A config file's tables and its text (ConfigError naming the file when it cannot be read or parsed)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+        return tomllib.loads(text), text
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read the config file ({getattr(exc, 'strerror', None) or exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+
+
+def apply_tables(cfg: Config, data: dict, where: str) -> None:
+    for section, table in data.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: top-level key {section!r} must be a [section] table")
+        for key, value in table.items():
+            _set(cfg, section, key, value, where)
+
+
+PRESET_LINE = "# preset: "  # describe()'s first line when the config was built on a preset
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (), preset: str | None = None) -> Config:
+    """Defaults, then the named preset (conch/configs/NAME.toml), then the TOML file, then `section.key=value`
+    overrides, validated. A file written by `describe` (RUNDIR/config.toml) is already resolved: its preset is
+    recorded, not applied again."""
     cfg = Config()
+    if preset:
+        from conch.presets import preset_tables
+
+        apply_tables(cfg, preset_tables(preset), f"preset {preset}")
+        cfg.preset = preset
     if path:
-        p = Path(path)
-        try:
-            data = tomllib.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{p}: config file not found") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{p}: cannot read the config file ({getattr(exc, 'strerror', None) or exc})") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{p}: invalid TOML: {exc}") from None
-        for section, table in data.items():
-            if not isinstance(table, dict):
-                raise ConfigError(f"{p}: top-level key {section!r} must be a [section] table")
-            for key, value in table.items():
-                _set(cfg, section, key, value, str(p))
+        data, text = read_toml(path)
+        apply_tables(cfg, data, str(path))
+        first = text.split("\n", 1)[0]
+        if not preset and first.startswith(PRESET_LINE):  # provenance only: the values below already hold it
+            cfg.preset = (first[len(PRESET_LINE):].split() or [""])[0]
     for item in overrides:
         if "=" not in item or "." not in item.split("=", 1)[0]:
             raise ConfigError(f"override {item!r}: expected section.key=value")
@@ -373,6 +427,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
 def describe(cfg: Config) -> str:
     """TOML text of the resolved config with each field's documentation as a comment."""
     lines: list[str] = []
+    if cfg.preset:
+        lines += [f"{PRESET_LINE}{cfg.preset} (resolved: defaults < preset < --config file < overrides; --resume "
+                  "reads this file as is)", ""]
     for sec_field in dataclasses.fields(cfg):
         sec = getattr(cfg, sec_field.name)
         lines.append(f"[{sec_field.name}]")

@@ -75,3 +75,28 @@ def test_unknown_keys_get_a_suggestion():
         load_config(overrides=["ppp.lr=1"])
     with pytest.raises(ConfigError, match=r"did you mean n_per_task\?"):
         load_config(overrides=["ppo.n_per_tsk=2"])
+
+
+def test_list_fields_are_typed_and_their_elements_coerced(tmp_path):
+    cfg = load_config(None, ["corpus.split=0.3,0.5,0.2", "engine.extra_args=--max-model-len,8192"])
+    assert cfg.corpus.split == [0.3, 0.5, 0.2] and all(type(v) is float for v in cfg.corpus.split)
+    assert cfg.engine.extra_args == ["--max-model-len", "8192"]
+    assert load_config(None, ['engine.extra_args=["--max-model-len", 8192]']).engine.extra_args == \
+        ["--max-model-len", "8192"]
+    assert "split = [0.3, 0.5, 0.2]  #" in describe(cfg)  # numbers in config.toml, not strings
+    f = tmp_path / "c.toml"
+    f.write_text('[corpus]\nsplit = ["0.2", "0.6", "0.2"]\n')  # what older runs wrote: read back as numbers
+    assert load_config(f).corpus.split == [0.2, 0.6, 0.2]
+    with pytest.raises(ConfigError, match=r"corpus\.split\[1\]: expected a number"):
+        load_config(None, ["corpus.split=0.5,half,0.5"])
+
+
+@pytest.mark.parametrize("split", ["0.5,0.5", "0.3,0.5,0.3", "-0.2,0.7,0.5", "1,1,1", "0.25,0.25,0.25,0.25", "[]"])
+def test_split_must_be_three_shares_summing_to_one(split):
+    with pytest.raises(ConfigError, match="corpus.split must be three non-negative shares"):
+        load_config(None, [f"corpus.split={split}"])
+
+
+def test_split_accepts_three_shares_within_rounding():
+    assert load_config(None, ["corpus.split=0.3333333,0.3333333,0.3333334"]).corpus.split[2] == 0.3333334
+    assert load_config(None, ["corpus.split=0,1,0"]).corpus.split == [0.0, 1.0, 0.0]

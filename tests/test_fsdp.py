@@ -66,7 +66,7 @@ def test_fsdp2_two_ranks_equal_one_process(tmp_path, n_trajs):
     torch.save({"policy": policy, "critic": critic, "trajs": trajs, "args": args, "loss_cfg": loss_cfg}, case)
 
     ref_pi, ref_v = copy.deepcopy(policy), copy.deepcopy(critic)
-    opt_pi = torch.optim.AdamW(ref_pi.parameters(), lr=1e-4, betas=(0.9, 0.95))  # ppo.lr default
+    opt_pi = torch.optim.AdamW(ref_pi.parameters(), lr=1e-4, betas=(0.9, 0.95))  # the demo preset's ppo.lr
     opt_v = torch.optim.AdamW(ref_v.parameters(), lr=1e-3)
     prepared, _ = prepare(ref_pi, ref_v, trajs, 0, True, "count", 1.0, 1.0, 1)
     stats = ppo_update(ref_pi, ref_v, opt_pi, opt_v, prepared, 0, True, loss_cfg, 1, 1, 4, 1.0, seed=3)

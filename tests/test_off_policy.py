@@ -62,8 +62,8 @@ def _sampled(policy, n: int) -> list[Trajectory]:
 
 
 def test_stale_sampler_logprobs_drive_is_and_the_mask(policy):
-    cfg = load_config(overrides=["ppo.lr=3e-3", "ppo.micro_batch=2", "ppo.grad_accum=2", "ppo.epochs=1",
-                                 "ppo.mask_low=0.9", "ppo.mask_high=1.1"])
+    cfg = load_config(overrides=["ppo.lr=3e-3", "ppo.critic_lr=1e-3", "ppo.micro_batch=2", "ppo.grad_accum=2",
+                                 "ppo.epochs=1", "ppo.mask_low=0.9", "ppo.mask_high=1.1"])
     learner = Learner(cfg, copy.deepcopy(policy), None, pad_id=0)
     batch_k = _sampled(learner.policy, 4)
     batch_k1 = _sampled(learner.policy, 4)       # sampled on the same weights: rollout k+1 overlaps update k

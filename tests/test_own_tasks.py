@@ -127,7 +127,7 @@ def test_resume_says_what_changed_and_refuses_pinned_stages(tmp_path):
     (tmp_path / "sft.done.json").write_text("{}")
     with pytest.raises(ConfigError, match="sft.lr cannot change"):
         check_resume_changes(old, load_config(None, ["sft.lr=0.1"]), tmp_path)
-    assert check_resume_changes(old, load_config(None, ["ppo.lr=0.001"]), tmp_path) == ["ppo.lr: 0.0001 -> 0.001"]
+    assert check_resume_changes(old, load_config(None, ["ppo.lr=0.001"]), tmp_path) == ["ppo.lr: 1e-06 -> 0.001"]
 
 
 def test_demonstrations_are_kept_only_when_they_pass(tmp_path, base_root):
@@ -227,7 +227,7 @@ def test_user_corpus_decontaminates_before_the_split(tmp_path):
     demos.write_text(json.dumps({"messages": [{"role": "user", "content": "x"},
                                               {"role": "assistant", "content": "ok"}]}) + "\n")
     cfg = load_config(None, [f"corpus.train_tasks={tasks}", f"corpus.decontam_against={tmp_path / 'bench'}",
-                             f"corpus.sft_data={demos}", "corpus.split=1,1,1"])
+                             f"corpus.sft_data={demos}", "corpus.split=0.34,0.33,0.33"])
     lines: list[str] = []
     done = build_user_corpus(cfg, tmp_path / "run", lines.append)
     report = json.loads((tmp_path / "run" / "decontam.json").read_text())

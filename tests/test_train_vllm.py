@@ -15,9 +15,10 @@ from test_train_e2e import TINY
 def test_train_with_vllm_engine(tmp_path, vllm_server, base_root):
     run = tmp_path / "run"
     try:
-        p = subprocess.run([sys.executable, "-m", "conch", "train", "--out", str(run), "--json", *TINY,
-                            f"model.path={vllm_server.model}", "engine.backend=vllm", f"engine.url={vllm_server.url}",
-                            "ppo.routing_replay=true"], capture_output=True, text=True, timeout=900)
+        p = subprocess.run([sys.executable, "-m", "conch", "train", "--preset", "demo", "--out", str(run), "--json",
+                            *TINY, f"model.path={vllm_server.model}", "engine.backend=vllm",
+                            f"engine.url={vllm_server.url}", "ppo.routing_replay=true"],
+                           capture_output=True, text=True, timeout=900)
     finally:
         restore(vllm_server)
     assert p.returncode == 0, p.stderr[-3000:]

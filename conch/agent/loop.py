@@ -25,7 +25,7 @@ MODES = ("tito", "retokenize")
 @dataclass(frozen=True)
 class AgentConfig:
     max_turns: int = 300
-    max_context: int = 32768  # tokens; also capped by the engine's `max_positions` when it has one
+    max_context: int = 32768  # tokens (0: the engine's `max_positions`); never above the engine's `max_positions`
     max_new_tokens: int = 256  # per assistant turn
     obs_token_budget: int = 512  # observation tokens kept (head and tail)
     command_timeout: float = 60.0
@@ -65,8 +65,9 @@ VerifyHook = Callable[[int], Awaitable[None]]
 
 
 def context_limit(engine: Engine, cfg: AgentConfig) -> int:
-    positions = getattr(engine, "max_positions", None)
-    return min(cfg.max_context, int(positions)) if positions else cfg.max_context
+    from conch.model.context import context_length
+
+    return context_length(cfg.max_context, getattr(engine, "max_positions", None))
 
 
 async def run_episode(

@@ -1,4 +1,7 @@
-"""`conch config show`: print the resolved training config with every field's documentation."""
+"""`conch config show`: print the resolved training config with every field's documentation.
+
+`--preset NAME` shows a preset (conch/configs/NAME.toml) resolved over the defaults, as `conch train --preset
+NAME` would run it; precedence: defaults < preset < --config file < section.key=value."""
 
 from __future__ import annotations
 
@@ -10,7 +13,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__)
     csub = p.add_subparsers(dest="config_cmd", metavar="ACTION", required=True)
     show = csub.add_parser("show", help="print the resolved config (TOML with docs)")
-    show.add_argument("--config", help="TOML config file (applied over the defaults, before the overrides)")
+    show.add_argument("--preset", metavar="NAME", help="a named config (e.g. demo, qwen3-30b-a3b) applied over the "
+                                                       "defaults, before --config and the overrides")
+    show.add_argument("--config", help="TOML config file (applied over the defaults and the preset, before the "
+                                       "overrides)")
     show.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     show.set_defaults(func=run_show)
 
@@ -20,7 +26,7 @@ def run_show(args: argparse.Namespace) -> int:
     from conch.config import ConfigError, describe, load_config
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, preset=args.preset)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     print(describe(cfg))

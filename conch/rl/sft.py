@@ -70,9 +70,10 @@ def build_example(codec: ChatCodec, messages: Sequence[dict], max_tokens: int) -
             with_assistant = list(convo)
             convo.extend(obs)
             tb.insert(tb.observation_ids(with_assistant, convo))
-        if len(tb.tokens) >= max_tokens:
+        if 0 < max_tokens <= len(tb.tokens):
             break
-    return SFTExample(tb.tokens[:max_tokens], tb.mask[:max_tokens])
+    cap = max_tokens if max_tokens > 0 else None  # 0: uncut (callers pass conch.model.context.context_length)
+    return SFTExample(tb.tokens[:cap], tb.mask[:cap])
 
 
 def _batch_loss(model: Any, batch: list[SFTExample], pad_id: int):

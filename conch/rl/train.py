@@ -414,7 +414,10 @@ def warm_start_sft(cfg: Config, policy: Any, codec: Any, trajectories: Path | No
     available = len(chats)
     if cfg.sft.demos:
         chats = balanced_subset(chats, cfg.sft.demos, seed=cfg.run.seed)
-    examples = [build_example(codec, c["messages"], cfg.agent.max_context) for c in chats]
+    from conch.model.context import context_length
+
+    limit = context_length(cfg.agent.max_context, policy)
+    examples = [build_example(codec, c["messages"], limit) for c in chats]
     log(f"SFT warm start on {len(examples)} of {available} expert trajectories (budget {cfg.sft.steps} steps)")
     rep = train_sft(policy, examples, pad_id, cfg.sft.steps, cfg.sft.lr, cfg.sft.batch_size, cfg.sft.val_fraction,
                     cfg.sft.eval_every, cfg.sft.patience, max_cuts=cfg.sft.lr_cuts, seed=cfg.run.seed,

@@ -49,7 +49,7 @@ from conch.verify_parsers import (
     report_problems,
     verifier_failure_cause,
 )
-from conch.verify_check import StaticTests, reconcile, static_tests
+from conch.verify_check import StaticTests, locate_syntax_error, reconcile, static_tests
 
 # conch's pytest plugin: kills what the tests started once they are done (conch/sandbox/pytest_seal.py).
 SEAL_PLUGIN = Path(__file__).parent / "sandbox" / "pytest_seal.py"
@@ -300,7 +300,8 @@ async def verify(sandbox: Sandbox, task: Task, final: bool = True) -> VerifyResu
     cause = verifier_failure_cause(output) if error and not result.timed_out else None
     if error and details.get("report_problems"):
         error = f"{error}; {clip(details['report_problems'][0])}"
-    if cause:
+    if cause:  # a test module's SyntaxError gets its file and line (tests/test_outputs.py:12: SyntaxError: ...)
+        cause = (cause[0], locate_syntax_error(cause[1], output, task.tests_dir, _tests_prefix(task), TESTS_DIR))
         error = f"{error}: {cause[0]}: {clip(cause[1])}"
     elif error and not result.timed_out and (last := _last_line(output)):
         error = f"{error}; last output: {last}"
@@ -361,6 +362,14 @@ def _sandbox_warnings(folder: Path) -> list[str]:
     except (FileNotFoundError, OSError, ReadBackError):
         return []
     return list(dict.fromkeys(line.strip() for line in text.splitlines() if line.strip()))
+
+
+def _tests_prefix(task: Task) -> str:
+    """The tests folder's path inside the task folder (`tests`), as error messages name test files."""
+    try:
+        return task.tests_dir.relative_to(task.path).as_posix()
+    except ValueError:
+        return task.tests_dir.name
 
 
 def _last_line(output: str, limit: int = 160) -> str:

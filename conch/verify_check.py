@@ -182,3 +182,46 @@ def reconcile(tests: list[TestOutcome], n_passed: int, n_total: int, source: str
     if source in ("ctrf", "junit") and witness is not None and n_passed > witness:
         return f"the {source} record says {n_passed} passed, pytest's own tally {witness}"
     return None
+
+
+# ---------------------------------------------------------------- where a test module's syntax error is
+
+_SYNTAX = re.compile(r"^(SyntaxError|IndentationError|TabError)\b")
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def syntax_errors(tests_dir: Path | None, prefix: str = "tests") -> list[str]:
+    """`tests/test_outputs.py:12: SyntaxError: invalid syntax` for each Python file below `tests_dir` that this
+    Python cannot parse, the path relative to the task folder (`prefix`: the tests folder's own path in it)."""
+    out: list[str] = []
+    if tests_dir is None or not tests_dir.is_dir():
+        return out
+    for path in sorted(tests_dir.rglob("*.py")):
+        rel = f"{prefix}/{path.relative_to(tests_dir).as_posix()}"
+        try:
+            ast.parse(path.read_bytes(), filename=rel)
+        except SyntaxError as exc:
+            out.append(f"{rel}:{exc.lineno}: {type(exc).__name__}: {exc.msg}")
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def locate_syntax_error(cause: str, output: str, tests_dir: Path | None, prefix: str = "tests",
+                        remote: str = "/tests") -> str:
+    """`cause`, pytest's `SyntaxError: invalid syntax`, with the file and line it is about: the location pytest
+    printed above it (`File "/tests/test_outputs.py", line 4`, what the box's Python saw), else the first file
+    of the task's tests that does not parse here; any other cause comes back unchanged."""
+    if not _SYNTAX.match(cause):
+        return cause
+    lines = _clean(output)
+    at = next((i for i in range(len(lines) - 1, -1, -1) if cause in lines[i]), None)
+    for line in reversed(lines[max(0, at - 8):at] if at is not None else []):
+        m = _FILE_LINE.search(line)
+        if m:
+            path = m.group(1)
+            if path == remote or path.startswith(remote + "/"):
+                path = prefix + path[len(remote):]
+            return f"{path}:{m.group(2)}: {cause}"
+    found = syntax_errors(tests_dir, prefix)
+    return found[0] if found else cause

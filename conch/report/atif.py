@@ -46,6 +46,20 @@ def _turn_metrics(m: Any, record: dict, step: dict) -> Any:
     return m.Metrics(completion_tokens=len(ids), completion_token_ids=ids, logprobs=lps)
 
 
+def _group(record: dict) -> str:
+    """Where a record belongs, as a clean token: `eval-final`, `ppo-iter0003` (`ppo` without an iteration),
+    `rollout-NAME`; also the export's folder name."""
+    stage, name, it = record.get("stage") or "trajectory", record.get("name"), record.get("iteration")
+    if stage == "ppo":
+        return "ppo" if it is None else f"ppo-iter{int(it):04d}"
+    return _id(stage, name if name != stage else None)
+
+
+def _id(*parts: Any) -> str:
+    """Parts joined by '-', the missing ones (None, '') left out: never a Python repr such as `None` in an id."""
+    return "-".join(str(p) for p in parts if p is not None and str(p) != "")
+
+
 def to_atif(record: dict, model_name: str | None = None) -> Any:
     """One kept-trajectory record (`store.make_record`) as a validated `harbor.models.trajectories.Trajectory`."""
     from conch import __version__
@@ -89,8 +103,8 @@ def to_atif(record: dict, model_name: str | None = None) -> Any:
                                           "verifier_error")}
     completion = sum(s.metrics.completion_tokens or 0 for s in steps if s.metrics is not None)
     return m.Trajectory(
-        session_id=f"{record['task']}-{record['sample']}",
-        trajectory_id=f"{record['stage']}-{record['name']}-{record.get('iteration')}-{record['task']}-{record['sample']}",
+        session_id=_id(record.get("task"), record.get("sample")),
+        trajectory_id=_id(_group(record), record.get("task"), record.get("sample")),
         agent=m.Agent(name=ATIF_AGENT, version=__version__, model_name=model_name),
         steps=steps,
         final_metrics=m.FinalMetrics(total_completion_tokens=completion, total_steps=len(steps), extra=outcome),
@@ -137,9 +151,7 @@ def export(records: Iterable[dict], out_dir: Path, model_name: str | None = None
     paths = []
     for r in records:
         traj = to_atif(r, model_name)
-        sub = r["stage"] if r["stage"] == "ppo" and r.get("iteration") is None else (
-            f"ppo-iter{r['iteration']:04d}" if r["stage"] == "ppo" else f"{r['stage']}-{r['name']}")
-        path = out_dir / sub / f"{r['task']}-{r['sample']}.json"
+        path = out_dir / _group(r) / f"{_id(r.get('task'), r.get('sample'))}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(traj.to_json_dict(), indent=2, ensure_ascii=False))
         paths.append(path)

@@ -41,6 +41,7 @@ from conch.sandbox.bwrap import DEFAULT_PATH, BoxConfig, require_host, run_box, 
 from conch.sandbox.enter import enter_binary
 
 SUITE = "trixie"
+DEBIAN_RELEASE = "13"  # SUITE's release number, for messages ("Debian 13 trixie")
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = ("python3", "python3-venv", "python3-pip", "python-is-python3", "tmux", "procps", "ca-certificates",
             "curl", "wget", "git", "less", "xz-utils", "bzip2", "unzip", "patch", "file", "gzip", "findutils",

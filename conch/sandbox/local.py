@@ -124,8 +124,11 @@ class LocalSandbox:
 
         envdef = environment_of(self.spec.context_dir, self.spec.dockerfile, self.spec.compose_file)
         if envdef.image and envdef.dockerfile is None:
-            warn_once(f"image:{envdef.image}", f"compose image {envdef.image} runs on the local Debian trixie "
-                                               "base root (use --sandbox docker for the exact image)", kind="note")
+            from conch.sandbox.standins import BASE_DESCRIPTION
+
+            warn_once(f"image:{envdef.image}", f"compose image {envdef.image} runs on the local base root "
+                                               f"({BASE_DESCRIPTION}; use --sandbox docker for the exact image)",
+                      kind="note")
         self.image = await asyncio.to_thread(build_image, envdef.context_dir, envdef.dockerfile)
         gc_sandboxes()
         safe = re.sub(r"[^A-Za-z0-9_.-]", "-", self.name)[:40] or "box"

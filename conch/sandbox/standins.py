@@ -14,8 +14,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-BASE_DESCRIPTION = "Debian 13 trixie, Python 3.13"
-BASE_PYTHON = (3, 13)
+from conch.sandbox.baseroot import DEBIAN_RELEASE, PYTHON_VERSION, SUITE
+
+# What the base root is, in every message that names it: derived from the recipe, so it cannot go stale.
+BASE_DESCRIPTION = f"Debian {DEBIAN_RELEASE} {SUITE}, Python {PYTHON_VERSION}"
+BASE_PYTHON = tuple(int(x) for x in PYTHON_VERSION.split("."))
 
 
 @dataclass(frozen=True)

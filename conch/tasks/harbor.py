@@ -55,8 +55,10 @@ def _warn_bare_base(folder: Path, env_dir: Path, doc: dict) -> None:
     env = doc.get("environment")
     image = env.get("docker_image") if isinstance(env, dict) else None
     why = f"its [environment] docker_image {image!r} is not pulled" if image else "no Dockerfile or compose file"
+    from conch.sandbox.standins import BASE_DESCRIPTION  # "Debian 13 trixie, Python 3.13": the base root's own
+
     print(f"conch: warning: {folder.name}: {env_dir / 'Dockerfile'} is missing ({why}); the task runs on the bare "
-          "Debian bookworm base", file=sys.stderr, flush=True)
+          f"base ({BASE_DESCRIPTION})", file=sys.stderr, flush=True)
 
 
 def _version(file: Path, doc: dict) -> str | None:

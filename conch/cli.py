@@ -6,7 +6,8 @@ runs the command, so `conch --help` answers in well under a second.
 
 Errors are for users: a bad flag, key, path or config prints one line and exits 2 (a typo gets a "did you
 mean"); an unexpected failure prints one line and exits 1; `--debug` (anywhere on the line, or CONCH_DEBUG=1)
-shows the traceback instead. A closed pipe (`conch config show | head`) ends the command quietly. Warnings
+shows the traceback instead. A check that ran and found a problem (`check --strict` with a failing task,
+`decontam` with a flagged task kept) exits 3 (`FOUND_PROBLEM`), so scripts can tell it from a crash. A closed pipe (`conch config show | head`) ends the command quietly. Warnings
 print as `conch: warning: <sentence>`, not as `file.py:170: RuntimeWarning`.
 """
 
@@ -23,6 +24,7 @@ import sys
 COMMANDS = (
     "train",
     "check",
+    "task",
     "rollout",
     "eval",
     "report",
@@ -35,6 +37,9 @@ COMMANDS = (
     "config",
     "bench",
 )
+
+
+FOUND_PROBLEM = 3  # exit status of a check that ran and found a problem (not a crash: that is 1)
 
 
 class UsageError(Exception):

@@ -165,7 +165,7 @@ def test_cli_json_threshold_and_drop(tmp_path, capsys):
         write_task(refs, f"r{i}", t)
     write_task(tasks, "dirty", reword(texts[2], rng))
     write_task(tasks, "clean", prose(rng, 200))
-    assert main(["decontam", str(tasks), "--against", str(refs), "--json"]) == 1  # flagged and kept
+    assert main(["decontam", str(tasks), "--against", str(refs), "--json"]) == 3  # flagged and kept (3: found a problem)
     rows = json.loads(capsys.readouterr().out)
     assert sorted(r["task"] for r in rows) == ["clean", "dirty"]
     assert all(set(r) == {"task", "nearest", "score", "flagged", "why"} for r in rows)  # old keys kept
@@ -340,7 +340,7 @@ def test_cli_text_report_says_why(tmp_path, capsys):
     write_task(tasks, "suspect", "Take the CRIT and NOTE counts per day from the 2024-01-31_web.log style files "
                "in /app/incoming, write them with /app/rollup.py to /app/rollup/daily_totals.csv "
                "(day,level,count) and finish by printing \"rollup complete\"; pandas 2.2.1 only.")
-    assert main(["decontam", str(tasks), "--against", str(refs)]) == 1
+    assert main(["decontam", str(tasks), "--against", str(refs)]) == 3
     out = capsys.readouterr().out
     why = next(line for line in out.splitlines() if "why:" in line)
     assert "paraphrase" in why and "daily_totals.csv" in why and "/app/incoming" in why

@@ -1,7 +1,10 @@
 """`conch check PATH...`: run a scripted agent on every task below PATH and verify it.
 
 Use it to vet tasks before training: `--agent oracle` should score n/n on every task, `--agent nop` fewer.
-Failing tasks are results, not failures of the command: it exits 0 once it ran, 2 on usage errors.
+Failing tasks are results, not failures of the command: it exits 0 once it ran, 2 on usage errors. With
+`--strict` a failing task fails the command (for CI and scripts): exit 3 when any task errored or, with the
+oracle, did not fully pass (a test failed or its reward is below 1), or, with nop, passed fully (a vacuous task);
+the last line says how many failed and why, e.g. `strict: 10 of 13 tasks failed (3 errors, 7 oracle not passing)`.
 The table shows, per task, the tests passed, `resolved` (all passed: the outcome of tasks without a reward
 file, such as every TB1 task), the task's own reward, the nop count (tests passing with no action, measured
 once per task and cached; what reward.mode count_over_nop subtracts), and the error or warnings.
@@ -12,6 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from conch.cli import FOUND_PROBLEM as STRICT_FAILED  # 3: the check ran and found a problem
+from conch.sandbox import BACKENDS
+
 AGENTS = ("oracle", "nop")  # kept equal to conch.harness.AGENTS (not imported: keeps `conch --help` light)
 
 
@@ -19,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check", help="run the oracle or nop agent on tasks and verify them", description=__doc__)
     p.add_argument("paths", nargs="+", metavar="PATH", help="task folders or folders holding tasks")
     p.add_argument("--agent", choices=AGENTS, default="oracle", help="scripted agent (default: oracle)")
-    p.add_argument("--sandbox", choices=("local", "docker"), default="local", help="sandbox backend (default: local)")
+    p.add_argument("--sandbox", choices=BACKENDS, default="local", help="sandbox backend (default: local)")
     p.add_argument("--jobs", type=int, default=2, help="tasks run at once (default: 2)")
     p.add_argument("--json", action="store_true", help="print a JSON array of per-task results to stdout")
     p.add_argument("--network", choices=("never", "task"), default="never",
@@ -29,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "that pass with no action; measured once per task and cached, used by reward.mode count_over_nop)")
     p.add_argument("--logs", metavar="DIR", help="write the whole verifier output of each task that errored "
                    "to DIR/<task>/verifier.log")
+    p.add_argument("--strict", action="store_true", help=f"exit {STRICT_FAILED} when any task errored or its "
+                   "oracle did not fully pass (with --agent nop: when nop passed a task fully); the last line says why")
     p.set_defaults(func=run)
 
 
@@ -77,6 +85,21 @@ def format_table(results: list, nop: dict[str, int | None] | None = None) -> str
         f"tests {n_passed}/{n_total} passed; {sum(r.seconds for r in results):.1f}s total task time"
     )
     return "\n".join(line.rstrip() for line in lines)
+
+
+def strict_verdict(results: list, agent: str) -> tuple[bool, str]:
+    """(failed, one line): --strict fails on any error, and on an oracle that did not fully pass (a test
+    failed, or the reward is below 1) or a nop that did (the task is vacuous)."""
+    errors = sum(1 for r in results if r.error)
+    if agent == "oracle":
+        what = "oracle not passing"
+        bad = sum(1 for r in results if not r.error and not (resolved(r) and (r.reward is None or r.reward >= 1)))
+    else:
+        what = "nop passing fully"
+        bad = sum(1 for r in results if not r.error and (resolved(r) or (r.reward is not None and r.reward >= 1)))
+    if errors + bad == 0:
+        return False, f"strict: all {len(results)} tasks passed"
+    return True, f"strict: {errors + bad} of {len(results)} tasks failed ({errors} errors, {bad} {what})"
 
 
 def write_logs(results: list, folder) -> None:
@@ -151,4 +174,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([result_json(r, nop) for r in results], indent=2))
     else:
         print(format_table(results, nop))
-    return 0
+    if not args.strict:
+        return 0
+    failed, line = strict_verdict(results, args.agent)
+    print(line, file=sys.stderr if args.json else sys.stdout)  # stdout stays pure JSON with --json
+    return STRICT_FAILED if failed else 0

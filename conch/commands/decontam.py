@@ -6,8 +6,8 @@ file names, URLs, versions, identifiers, expected output strings, Docker image) 
 with a TF-IDF content-word similarity; copied test/solution files by identical content. See
 conch/tasks/decontam.py. The score is in [0, 1]; tasks scoring at or above --threshold (default 0.5) are
 flagged, and each row says why: the deciding signal and what the task shares with its nearest reference.
-Exit status: 0 when nothing is flagged (or every flagged task was removed with --drop), 1 when flagged tasks
-remain.
+Exit status: 0 when nothing is flagged (or every flagged task was removed with --drop), 3 when flagged tasks
+remain (the check ran and found a problem; 1 is kept for unexpected failures, 2 for usage errors).
 """
 
 from __future__ import annotations
@@ -19,9 +19,12 @@ import sys
 import time
 from pathlib import Path
 
+from conch.cli import FOUND_PROBLEM
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("decontam", help="flag tasks that nearly copy reference tasks", description=__doc__)
+    p = sub.add_parser("decontam", help=f"flag tasks that nearly copy reference tasks (exit {FOUND_PROBLEM} when "
+                       "flagged tasks remain)", description=__doc__)
     p.add_argument("dir", type=Path, help="folder of tasks to check (Harbor, TB1, or bare instruction.md)")
     p.add_argument("--against", type=Path, required=True, help="folder of reference tasks")
     p.add_argument("--threshold", type=float, default=None, help="flag at or above this score (default 0.5)")
@@ -81,4 +84,4 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{'':14}why: {explain(m.why)}")
     print(f"decontam: {len(matches)} task(s) vs {args.against}: {len(flagged)} flagged at threshold {threshold}"
           f"{f', {dropped} dropped' if args.drop else ''} ({seconds:.1f}s)", file=sys.stderr)
-    return 1 if len(flagged) > dropped else 0
+    return FOUND_PROBLEM if len(flagged) > dropped else 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+RUN_FILES = ("metrics.jsonl", "trajectories", "evals", "summary.json")  # one of these makes a folder a run folder
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="HTML report of a run folder or a rollout file", description=__doc__)
@@ -14,6 +16,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", help="tokenizer.json for the token view (default: the run's own)")
     p.add_argument("--no-png", action="store_true", help="do not write RUNDIR/plots/*.png")
     p.set_defaults(func=run)
+
+
+def holds_trajectories(path) -> bool:
+    """True when the file has at least one trajectory record conch can read: anything else (a text file, a
+    JSONL of something else, an unreadable gzip) would otherwise make an empty report."""
+    from conch.report.store import read_records
+
+    try:
+        return next(iter(read_records(path)), None) is not None
+    except (OSError, UnicodeDecodeError, EOFError, ValueError, KeyError, TypeError):
+        return False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,8 +38,12 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if not path.exists():
         raise UsageError(f"{path}: no such run folder or file")
-    if path.is_dir() and not any((path / n).exists() for n in ("metrics.jsonl", "trajectories", "evals", "summary.json")):
+    if path.is_dir() and not any((path / n).exists() for n in RUN_FILES):
         raise UsageError(f"{path}: not a run folder (no metrics.jsonl, trajectories/, evals/ or summary.json)")
+    if not path.is_dir() and not holds_trajectories(path):
+        raise UsageError(f"{path}: not a run folder (no metrics.jsonl, trajectories/, evals/ or summary.json) nor "
+                         "a trajectory file (no JSONL line of `conch rollout --out`, `conch eval --out` or "
+                         "RUNDIR/trajectories/)")
     tokenizer = Path(args.tokenizer) if args.tokenizer else None
     if tokenizer is not None and not tokenizer.is_file():
         raise UsageError(f"--tokenizer {tokenizer}: not a file")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from conch.commands.eval import EVAL_SEED
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rollout", help="run the agent on tasks; save TITO trajectories (JSONL)", description=__doc__)
@@ -20,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, help="sampling temperature (default: agent.temperature)")
     p.add_argument("--top-p", type=float, help="nucleus sampling (default: agent.top_p)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="sampler dtype (default: model.sampler_dtype)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--seed", type=int, default=EVAL_SEED,
+                   help=f"sampling seed (default {EVAL_SEED}: what `conch eval` and training's evaluations use)")
     p.add_argument("--config", help="TOML config file whose [agent] settings apply (see `conch config show`)")
     from conch.engine.registry import add_engine_arguments
 

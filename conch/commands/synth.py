@@ -1,9 +1,12 @@
 """`conch synth`: generate a validated corpus of procedural tasks, or print statistics of a task folder.
 
     conch synth --out DIR --n N --seed S [--families a,b] [--split train|heldout] [--jobs J] [--no-validate]
+                [--sandbox local|docker]
                 [--trajectories FILE.jsonl [--mistake-rate R]]
     conch synth --stats DIR [--json]
     conch synth --list [--json]
+
+`--backend` is the deprecated old name of `--sandbox` (still accepted, with a warning).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from conch.sandbox import BACKENDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", choices=["train", "heldout"], help="only families tagged with this split")
     p.add_argument("--jobs", type=int, default=2, help="tasks validated in parallel (default 2)")
     p.add_argument("--no-validate", action="store_true", help="skip the oracle/nop check in real sandboxes")
-    p.add_argument("--backend", default="local", help="sandbox backend for validation (default local)")
+    p.add_argument("--sandbox", choices=BACKENDS, default=None,
+                   help="sandbox backend for validation (default local)")
+    p.add_argument("--backend", choices=BACKENDS, default=None, help=argparse.SUPPRESS)  # deprecated: --sandbox
     p.add_argument("--max-attempts", type=int, default=4, help="seeds tried per slot before giving up")
     p.add_argument("--trajectories", type=Path, help="write the oracle runs as chat JSONL (needs validation)")
     p.add_argument("--mistake-rate", type=float, default=0.0,
@@ -44,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         return _stats(args)
     from conch.tasks.synth import select_families, summary_lines, synthesize
 
+    sandbox = _sandbox(args)
     if args.out is None:
         raise UsageError("--out DIR is required (or use --stats DIR / --list)")
     if args.n < 1:
@@ -62,13 +70,26 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     report = synthesize(args.out, args.n, args.seed, fams, validate=not args.no_validate, jobs=args.jobs,
-                        backend=args.backend, max_attempts=args.max_attempts, trajectories=args.trajectories,
+                        backend=sandbox, max_attempts=args.max_attempts, trajectories=args.trajectories,
                         mistake_rate=args.mistake_rate)
     for line in summary_lines(report, fams):
         print(line, file=sys.stderr)
     if args.trajectories is not None:
         print(f"wrote {report.trajectories} trajectories to {args.trajectories}", file=sys.stderr)
     return 0 if len(report.kept) == args.n else 1
+
+
+def _sandbox(args: argparse.Namespace) -> str:
+    """--sandbox, or the deprecated --backend it replaced (same values; it warns once on stderr)."""
+    from conch.cli import UsageError
+
+    if args.backend is None:
+        return args.sandbox or "local"
+    if args.sandbox is not None and args.sandbox != args.backend:
+        raise UsageError(f"--backend {args.backend} contradicts --sandbox {args.sandbox}; give only --sandbox")
+    print("conch: warning: `conch synth --backend` is deprecated; use --sandbox (as every other command does)",
+          file=sys.stderr)
+    return args.backend
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -14,22 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from test_cli_errors import one_line_error  # the suite's one-line error check
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def conch(*args: str, timeout: float = 300, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "conch", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=timeout)
-
-
-def one_line_error(p: subprocess.CompletedProcess, *words: str) -> str:
-    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
-    assert "Traceback" not in p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1, p.stderr
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
 
 
 def new_task(parent: Path, name: str) -> Path:

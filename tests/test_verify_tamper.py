@@ -1020,14 +1020,18 @@ def test_reconcile_flags_a_record_claiming_more_passes_than_the_console():
     assert "exceeds the 5 items" in reconcile(tests, 5, 5, "pytest-counts", STATIC5, _console(999, 0))
 
 
-def _pytest_run(tests_dir: Path, source: str) -> str:
-    """The host's pytest on `source` as tests_dir/test_outputs.py (`-rA`, as the verifier runs it)."""
+def _host_pytest(tests_dir: Path, source: str, *flags: str) -> str:
+    """The host's pytest on `source` as tests_dir/test_outputs.py, with `flags`."""
     tests_dir.mkdir(parents=True, exist_ok=True)
     (tests_dir / "test_outputs.py").write_text(source)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "-p", "no:randomly",
+    return subprocess.run([sys.executable, "-m", "pytest", *flags, "-p", "no:cacheprovider", "-p", "no:randomly",
                            str(tests_dir / "test_outputs.py")], capture_output=True, text=True, cwd=tests_dir,
-                          timeout=120)
-    return proc.stdout
+                          timeout=120).stdout
+
+
+def _pytest_run(tests_dir: Path, source: str) -> str:
+    """The host's pytest on `source` (`-rA`, as the verifier runs it)."""
+    return _host_pytest(tests_dir, source, "-rA")
 
 
 def test_reconcile_ignores_a_tally_that_a_test_printed(tmp_path):
@@ -1040,14 +1044,6 @@ def test_reconcile_ignores_a_tally_that_a_test_printed(tmp_path):
     assert "4 failed, 1 passed" in output and "5 passed in" in output, output[-3000:]
     ctrf = _outcomes({t: "passed" for t in TEST_NAMES})
     assert reconcile(ctrf, 5, 5, "ctrf", static, output) is not None
-
-
-def _host_pytest(tests_dir: Path, source: str, *flags: str) -> str:
-    tests_dir.mkdir(parents=True, exist_ok=True)
-    (tests_dir / "test_outputs.py").write_text(source)
-    return subprocess.run([sys.executable, "-m", "pytest", *flags, "-p", "no:cacheprovider", "-p", "no:randomly",
-                           str(tests_dir / "test_outputs.py")], capture_output=True, text=True, cwd=tests_dir,
-                          timeout=120).stdout
 
 
 ONE_PASS_PRINTING = FILE_TESTS.replace("def test_e():\n", "def test_e():\n    print(PRINTED)\n    return\n")

@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
             if (run_dir / "config.toml").exists():
                 raise UsageError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
             cfg, notice = new_run_config(args)
-        from conch.rl.train import check_config, summary_table, train
+        from conch.rl.figures import summary_table
+        from conch.rl.train import check_config, train
 
         if notice:
             check_config(cfg)  # a bad key or path stays a one-line error, before the notice (train checks again)

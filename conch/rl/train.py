@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from conch.config import Config, ConfigError, describe
-from conch.rl.figures import iteration_line, last_mismatch, make_summary, summary_table  # noqa: F401 (re-export)
+from conch.rl.figures import iteration_line, last_mismatch, make_summary
 from conch.rl.stages import (
     Corpus,
     EvalResult,

@@ -16,7 +16,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import textwrap
 from pathlib import Path
 
@@ -98,25 +97,32 @@ def make_task(root: Path, name: str, test_sh: str, solve_sh: str | None = None, 
     return d
 
 
+# A child's ru_maxrss starts at its parent's peak (Linux carries the forking process's high-water mark across
+# exec), and late in a full suite pytest itself holds over a GiB. So `conch check` is forked from a small fresh
+# interpreter, which reports its child's wait4 peak: conch's own, with the descendants it waited for.
+_SPAWN = """import json, os, subprocess, sys
+proc = subprocess.Popen(sys.argv[2:], stdout=open(sys.argv[1] + ".out", "wb"), stderr=open(sys.argv[1] + ".err", "wb"))
+_, status, usage = os.wait4(proc.pid, 0)
+json.dump({"rc": os.waitstatus_to_exitcode(status), "maxrss": usage.ru_maxrss}, open(sys.argv[1] + ".rc", "w"))
+"""
+
+
 def conch_check(tasks_dir: Path, backend: str, jobs: int = 2, timeout: float = 900) -> tuple[dict, str, int]:
     """({task: result}, stderr, peak RSS in KiB of the conch process) of `conch check --json` on `tasks_dir`."""
-    out_path = tasks_dir.parent / f"check-{backend}.json"
-    err_path = tasks_dir.parent / f"check-{backend}.err"
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "conch", "check", str(tasks_dir), "--agent", "oracle",
-                                 "--sandbox", backend, "--jobs", str(jobs), "--json"],
-                                stdout=out, stderr=err, cwd=REPO)
-        timer = threading.Timer(timeout, proc.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)  # wait4: this child's own peak RSS
-        finally:
-            timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    stderr = err_path.read_text(errors="replace")
-    assert proc.returncode == 0, stderr[-3000:]
-    results = {r["task"]: r for r in json.loads(out_path.read_text())}
-    return results, stderr, usage.ru_maxrss
+    base = tasks_dir.parent / f"check-{backend}"
+    cmd = [sys.executable, "-m", "conch", "check", str(tasks_dir), "--agent", "oracle", "--sandbox", backend,
+           "--jobs", str(jobs), "--json"]
+    spawner = subprocess.Popen([sys.executable, "-c", _SPAWN, str(base), *cmd], cwd=REPO, start_new_session=True)
+    try:
+        assert spawner.wait(timeout) == 0
+    except subprocess.TimeoutExpired:
+        os.killpg(spawner.pid, 9)
+        raise
+    done = json.loads(Path(f"{base}.rc").read_text())
+    stderr = Path(f"{base}.err").read_text(errors="replace")
+    assert done["rc"] == 0, stderr[-3000:]
+    results = {r["task"]: r for r in json.loads(Path(f"{base}.out").read_text())}
+    return results, stderr, done["maxrss"]
 
 
 def run(coro):

@@ -296,8 +296,9 @@ STDLIB = "/usr/lib/python3.13"
 
 def _eventually(cond: str) -> str:
     """A proof turn: ARMED once `cond` holds (within 60 s: a loaded machine starts a daemon late; a readiness
-    wait, never a timing assertion)."""
-    return f"for i in $(seq 1200); do {cond} && break; sleep 0.05; done; {cond} && echo ARMED"
+    wait, never a timing assertion). ARMED is printed by the check that held: a daemon rewriting a file leaves
+    moments where it is empty, so a second look could miss it."""
+    return f"for i in $(seq 1200); do if {cond}; then echo ARMED; break; fi; sleep 0.05; done"
 
 
 def _daemon(body: str) -> str:

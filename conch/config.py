@@ -166,7 +166,6 @@ class SFTConfig:
 @dataclass
 class CriticConfig:
     iterations: int = opt(2, "critic warm-up iterations (rollouts of the frozen warm policy)", ge=0)
-    lr: float = opt(1e-3, "critic learning rate", gt=0.0)
     epochs: int = opt(4, "passes over each batch of rollouts", ge=1)
     patience: int = opt(2, "stop when explained variance has not improved this many iterations", ge=1)
 
@@ -351,7 +350,17 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
     return value
 
 
+# Keys that no longer exist: (section, key) -> (the value every run folder of the time recorded, what to set
+# instead). A file holding the recorded value still loads (a run folder written before the change resumes).
+RETIRED = {("critic", "lr"): (1e-3, "ppo.critic_lr (the critic warm-up and PPO train one critic, at one rate)")}
+
+
 def _set(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
+    if (section, key) in RETIRED:
+        recorded, instead = RETIRED[section, key]
+        if where != "override" and value == recorded:
+            return
+        raise ConfigError(f"{where}: {section}.{key} was never used and is gone; set {instead}")
     sections = {f.name: f for f in dataclasses.fields(cfg)}
     if section not in sections:
         raise ConfigError(f"{where}: unknown section [{section}]{_did_you_mean(section, sections)}; "

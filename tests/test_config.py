@@ -100,3 +100,14 @@ def test_split_must_be_three_shares_summing_to_one(split):
 def test_split_accepts_three_shares_within_rounding():
     assert load_config(None, ["corpus.split=0.3333333,0.3333333,0.3333334"]).corpus.split[2] == 0.3333334
     assert load_config(None, ["corpus.split=0,1,0"]).corpus.split == [0.0, 1.0, 0.0]
+
+
+def test_retired_key_names_its_replacement_and_old_run_folders_still_load(tmp_path):
+    with pytest.raises(ConfigError, match=r"critic.lr .*set ppo.critic_lr"):
+        load_config(overrides=["critic.lr=1e-4"])
+    old = tmp_path / "config.toml"  # what describe() wrote into run folders while critic.lr existed
+    old.write_text("[critic]\nlr = 0.001\niterations = 3\n")
+    assert load_config(old).critic.iterations == 3
+    old.write_text("[critic]\nlr = 0.02\n")  # a value someone chose: it never had an effect, so say so
+    with pytest.raises(ConfigError, match=r"config.toml: critic.lr"):
+        load_config(old)

@@ -204,6 +204,31 @@ def test_rollout_and_eval_default_to_the_seed_of_trainings_evaluations():
     assert "default 11" in conch("rollout", "--help").stdout
 
 
+def test_eval_and_rollout_on_the_tiny_model_take_the_demo_preset_and_print_errors_not_zeros(tmp_path, base_root):
+    """`conch eval --preset demo` runs the demo's agent settings (its log line says the resolved context, never
+    "context 0"); a task whose tests cannot be collected prints as an error, not a 0 and not a crash. `conch
+    rollout` without --model (the embedded tiny model) says it uses the demo preset's agent settings."""
+    from conch.model.init import cached_model
+    from own_tasks import write_task
+
+    task = write_task(tmp_path / "tasks", "needs-missing-module", "apple")
+    tests = task / "tests" / "test_outputs.py"
+    tests.write_text("import conch_module_the_box_lacks\n" + tests.read_text())
+    p = conch("eval", "--model", str(cached_model()), "--tasks", str(tmp_path / "tasks"), "--preset", "demo",
+              "--n-per-task", "1", timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "4 turns of 64 tokens, context 2048 tokens" in p.stderr and "context 0" not in p.stderr
+    assert "needs-missing-module" in p.stdout and "error:" in p.stdout and "conch_module_the_box_lacks" in p.stdout
+    assert "no episode ran (0 of 1 episodes ran; 1 error not counted)" in p.stdout
+    one_line_error(conch("eval", "--from-run", str(tmp_path), "--preset", "demo"), "--preset", "--from-run")
+    r = conch("rollout", "--tasks", str(tmp_path / "tasks"), "--out", str(tmp_path / "r.jsonl"), "--json",
+              timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "demo preset's agent settings" in r.stderr
+    [traj] = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert len(traj["turns"]) <= 4
+
+
 # ---------------------------------------------------------------- ATIF ids
 
 

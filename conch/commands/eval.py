@@ -25,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from-run", metavar="RUNDIR", help="evaluate exactly as this `conch train` run did")
     p.add_argument("--stage", default="final", choices=["init", "warm", "final"],
                    help="with --from-run: which checkpoint (default final)")
+    p.add_argument("--preset", metavar="NAME", help="a named config (e.g. demo for the tiny model) applied under "
+                                                    "--config and the flags (`conch config show --preset NAME`)")
     p.add_argument("--config", help="TOML config file (default with --from-run: RUNDIR/config.toml)")
     p.add_argument("--n-per-task", type=int, help="samples per task (default: eval.n_per_task)")
     p.add_argument("--sandbox", choices=["local", "docker"], help="sandbox backend (default: run.sandbox)")
@@ -59,13 +61,15 @@ def resolve(args: argparse.Namespace):
 
     config = args.config
     run = None
+    if args.from_run and args.preset:
+        raise UsageError("--preset and --from-run: a run is evaluated with its own config.toml")
     if args.from_run:
         run = check_dir(args.from_run, "--from-run")
         if not (run / "config.toml").is_file():
             raise UsageError(f"--from-run: {run} is not a conch run folder (no config.toml)")
         config = config or run / "config.toml"
     flags = [f"{key}={getattr(args, attr)}" for attr, key in FLAG_KEYS if getattr(args, attr) is not None]
-    cfg = load_config(config, [*args.overrides, *flags])
+    cfg = load_config(config, [*args.overrides, *flags], preset=args.preset)
     model, tasks = args.model, args.tasks
     if run is not None:
         if model is None:
@@ -104,8 +108,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--tasks: no loadable tasks under {' '.join(map(str, folders))}")
 
     a = cfg.agent
+    from conch.model.context import context_length
+
+    try:
+        context = f"context {context_length(a.max_context, model)} tokens"
+    except ValueError:
+        context = "context: the engine's"
     say(f"{model} on {len(tasks)} task(s) x {cfg.eval.n_per_task}, temperature {cfg.eval.temperature}, "
-        f"{a.max_turns} turns of {a.max_new_tokens} tokens, context {a.max_context}, seed {args.seed}")
+        f"{a.max_turns} turns of {a.max_new_tokens} tokens, {context}, seed {args.seed}")
 
     async def main():
         from conch.agent.tito import ChatCodec
@@ -126,8 +136,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(res.to_json()))
     else:
         for name, d in res.per_task.items():
-            print(f"{name:40} pass {d['pass_rate']:.2f}  tests {d['tests_passed_mean']:.2f}/{d['n_total']}")
-        print(f"pass rate {res.pass_rate:.3f}, tests passed mean {res.tests_passed_mean:.2f} "
-              f"({res.tasks} tasks, {res.samples} samples; per episode {res.turns_mean:.2f} turns, "
-              f"{res.sampled_tokens_mean:.1f} sampled tokens)")
+            if d["pass_rate"] is None:
+                print(f"{name:40} error: {res.error_tasks.get(name, 'no episode ran')}")
+            else:
+                errors = f"  ({d['errors']} errors not counted)" if d.get("errors") else ""
+                print(f"{name:40} pass {d['pass_rate']:.2f}  tests {d['tests_passed_mean']:.2f}/{d['n_total']}{errors}")
+        print(f"{res.describe()}; {res.tasks} tasks; per episode {res.turns_mean:.2f} turns, "
+              f"{res.sampled_tokens_mean:.1f} sampled tokens")
     return 0

@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="sampler dtype (default: model.sampler_dtype)")
     p.add_argument("--seed", type=int, default=EVAL_SEED,
                    help=f"sampling seed (default {EVAL_SEED}: what `conch eval` and training's evaluations use)")
+    p.add_argument("--preset", metavar="NAME", help="a named config under --config and the flags (default without "
+                                                    "--model and --config: demo, sized for the tiny model)")
     p.add_argument("--config", help="TOML config file whose [agent] settings apply (see `conch config show`)")
     from conch.engine.registry import add_engine_arguments
 
@@ -75,8 +77,14 @@ def run(args: argparse.Namespace) -> int:
              ("max_turns", "agent.max_turns"), ("max_new_tokens", "agent.max_new_tokens"),
              ("max_context", "agent.max_context"), ("temperature", "agent.temperature"),
              ("top_p", "agent.top_p"), ("dtype", "model.sampler_dtype"))
+    from conch.presets import DEMO
+
+    preset = args.preset or (DEMO if not args.model and not args.config else None)
+    if preset == DEMO and not args.preset:
+        print(f"conch rollout: the embedded tiny model, with the {DEMO} preset's agent settings "
+              f"(conch/configs/{DEMO}.toml); --model and --preset/--config for a real one", file=sys.stderr)
     conf = load_config(args.config, [*args.overrides, *(f"{key}={getattr(args, attr)}" for attr, key in flags
-                                                         if getattr(args, attr) is not None)])
+                                                         if getattr(args, attr) is not None)], preset=preset)
     model_dir = check_model_dir(args.model, "--model") if args.model else cached_model()
     cfg = agent_config(conf)
     args.concurrency, args.sandbox, args.dtype = conf.ppo.concurrency, conf.run.sandbox, conf.model.sampler_dtype

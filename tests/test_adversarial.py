@@ -377,7 +377,7 @@ def test_task_without_dockerfile_warns(tmp_path, capsys):
 
 def test_bench_sandbox_sessions_leave_nothing(base_root):
     """`conch bench sandbox --sessions N` (small N here): every session answers, and nothing is left."""
-    proc = subprocess.run([sys.executable, "-m", "conch", "bench", "sandbox", "--sessions", "6", "--backend",
+    proc = subprocess.run([sys.executable, "-m", "conch", "bench", "sandbox", "--sessions", "6", "--sandbox",
                            "local", "--parallel", "3", "--json"], capture_output=True, text=True, cwd=REPO,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

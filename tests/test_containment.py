@@ -78,7 +78,7 @@ def test_fork_bomb_is_contained(base_root):
         # The command outlives its timeout, which kills its whole process group, bomb included. (A command
         # that exits returns at once and leaves its background jobs running, as a server must.)
         r = await box.exec("bomb() { bomb | bomb & }; bomb; sleep 30", timeout=6)
-        peak = max(int((p / "pids.peak").read_text()) for p in box._cgroups.paths if (p / "pids.peak").exists())
+        peak = max(int((p / "pids.peak").read_text()) for p in box.cleanup().cgroups if (p / "pids.peak").exists())
         after = await box.exec("echo alive", timeout=30)
         return r, peak, after, time.monotonic() - t0
 
@@ -129,7 +129,7 @@ def test_cpu_quota(base_root):
         r = await box.exec(
             "python3 -c 'import time,os\nt=time.time()\nwhile time.time()-t<1.5: pass\n"
             "c=os.times(); print((c.user+c.system)/(time.time()-t))'", timeout=30)
-        paths = [p for p in box._cgroups.paths if (p / "cpu.stat").exists()]
+        paths = [p for p in box.cleanup().cgroups if (p / "cpu.stat").exists()]
         return r, [_cpu_quota(p) for p in paths], [(p / "cpu.stat").read_text() for p in paths]
 
     r, quotas, stats = run(with_box(burn, Limits(cpus=0.2), name="cpu"))

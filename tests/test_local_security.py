@@ -107,7 +107,7 @@ def test_own_cgroup_limits_are_read_only(base_root):
         await shell.run("for m in /sys /sys/fs/cgroup /sys/fs/cgroup/*; do mount -o remount,rw,bind $m; done"
                         " 2>/dev/null; true")
         tries = {f: await shell.run(f"v=$(cat {f}) && echo \"$v\" > {f}") for f in files}
-        host = {p: (p / "memory.limit_in_bytes").read_text() for p in box._cgroups.paths if
+        host = {p: (p / "memory.limit_in_bytes").read_text() for p in box.cleanup().cgroups if
                 (p / "memory.limit_in_bytes").exists()}
         return files, tries, host
 

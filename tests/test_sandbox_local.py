@@ -151,7 +151,7 @@ def test_stop_leaves_no_process_mount_or_state(base_root):
         sh = await box.shell()
         await sh.run("nohup sleep 1000 >/dev/null 2>&1 & (setsid sleep 1000 &) ; sleep 1000 &")
         ns = os.readlink(f"/proc/{box.init_pid}/ns/pid")
-        state, cgroups = box.state_dir, list(box._cgroups.paths)
+        state, cgroups = box.state_dir, list(box.cleanup().cgroups)
         assert len(_pids_in_pid_ns(ns)) >= 4
         await box.stop()
         await box.stop()  # idempotent
@@ -177,7 +177,7 @@ async def main():
     await box.start()
     await box.exec("sleep 1000 >/dev/null 2>&1 &")
     print(json.dumps({"state": str(box.state_dir), "init": box.init_pid,
-                      "cgroups": [str(p) for p in box._cgroups.paths]}), flush=True)
+                      "cgroups": [str(p) for p in box.cleanup().cgroups]}), flush=True)
     time.sleep(1000)
 asyncio.run(main())
 """

@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from conch.bench.engine import resolve_model
+from conch.sandbox import BACKENDS
 
 SETTINGS = ("neither", "tito", "r3", "both")
 TARGET_RATIO = 0.25
@@ -96,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sampler-dtype", default="bfloat16", choices=("bfloat16", "float32"),
                         help="the engine's dtype (default bfloat16; float32 isolates what is not numeric)")
     parser.add_argument("--device", default="cpu", help="device of both engine and trainer (default cpu)")
-    parser.add_argument("--sandbox", default="local", choices=("local", "docker"))
+    parser.add_argument("--sandbox", default="local", choices=BACKENDS)
     parser.add_argument("--concurrency", type=int, default=1,
                         help="trajectories in flight at once (default 1: the engine's batch composition changes "
                              "bfloat16 arithmetic, so with more the samples, and the figures, vary run to run)")

@@ -19,10 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from conch.sandbox import registry
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", action="append", choices=("local", "docker"),
+    parser.add_argument("--sandbox", action="append", choices=registry.names(),
                         help="backend to measure (repeatable; default: local, plus docker when an engine answers)")
+    parser.add_argument("--backend", action="append", choices=registry.names(), help=argparse.SUPPRESS)  # old --sandbox
     parser.add_argument("--roundtrips", type=int, default=200, help="shell round trips of `true` (default: 200)")
     parser.add_argument("--spawns", type=int, default=50, help="one-shot execs of `true` (default: 50)")
     parser.add_argument("--starts", type=int, default=5, help="cached starts to time (default: 5)")
@@ -147,14 +150,12 @@ def run(args: argparse.Namespace) -> int:
     if args.sessions < 0 or args.parallel < 1:
         raise UsageError("--sessions must be >= 0 and --parallel >= 1")
     results: dict[str, dict[str, float]] = {}
-    backends = args.backend
+    if args.backend:
+        print("conch: warning: `conch bench sandbox --backend` is deprecated; use --sandbox (as every other command "
+              "does)", file=sys.stderr)
+    backends = [*(args.sandbox or []), *(args.backend or [])]
     if not backends:  # both when an engine answers
-        from conch.sandbox.docker_images import engine_problem
-
-        problem = engine_problem(timeout=3.0)
-        backends = ["local"] if problem else ["local", "docker"]
-        if problem:
-            print(f"conch bench sandbox: docker skipped ({problem})", file=sys.stderr)
+        backends = registry.default_set(3.0, lambda m: print(f"conch bench sandbox: {m}", file=sys.stderr))
     if args.sessions:
         return _run_load(args, backends)
     for backend in backends:

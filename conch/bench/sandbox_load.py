@@ -46,15 +46,9 @@ def _rss_pss_kib(pid: int) -> tuple[int, int]:
     return rss, pss
 
 
-def _cgroup_bytes(box: Any, backend: str) -> int:
+def _cgroup_bytes(box: Any) -> int:
     """Memory charged to the sandbox's cgroup (v2 memory.current or v1 memory.usage_in_bytes)."""
-    if backend == "local":
-        paths = sorted(box._cgroups.paths if box._cgroups else [], key=lambda p: "memory" not in str(p))
-    else:
-        cid = box._client.api.inspect_container(box.container)["Id"]
-        paths = [Path(p) for p in (f"/sys/fs/cgroup/memory/docker/{cid}", f"/sys/fs/cgroup/system.slice/docker-{cid}.scope",
-                                   f"/sys/fs/cgroup/docker/{cid}")]
-    for p in paths:
+    for p in box.cleanup().cgroups:
         for name in ("memory.current", "memory.usage_in_bytes"):
             try:
                 return int((Path(p) / name).read_text())
@@ -64,10 +58,12 @@ def _cgroup_bytes(box: Any, backend: str) -> int:
 
 
 def _traces(backend: str, box: Any) -> list[str]:
-    """What a started sandbox holds on the host, to be checked again after it stopped."""
+    """What a started sandbox holds on the host, to be checked again after it stopped (docker's cgroups are the
+    engine's to remove with the container)."""
+    held = box.cleanup()
     if backend == "local":
-        return [str(box.state_dir)] + [str(p) for p in (box._cgroups.paths if box._cgroups else [])]
-    return [f"container:{box.container}"]
+        return [str(p) for p in held.dirs] + [str(p) for p in held.cgroups]
+    return [f"container:{name}" for name in held.containers]
 
 
 def _left_behind(backend: str, traces: list[str], processes_before: int) -> dict[str, int]:
@@ -129,7 +125,7 @@ async def load(backend: str, sessions: int, parallel: int = 8) -> dict[str, Any]
     live = len(boxes)
     ours = _descendants(os.getpid())
     rss_pss = [_rss_pss_kib(p) for p in ours]
-    cgroup = [_cgroup_bytes(b, backend) for b in boxes]
+    cgroup = [_cgroup_bytes(b) for b in boxes]
     self_rss = _rss_pss_kib(os.getpid())
     traces = [t for b in boxes for t in _traces(backend, b)]
     t1 = time.perf_counter()

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 
+from conch.sandbox import BACKENDS
+
 EVAL_SEED = 11  # the seed `conch train` evaluates its evaluation set with (conch/rl/train.py)
 
 
@@ -29,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                     "--config and the flags (`conch config show --preset NAME`)")
     p.add_argument("--config", help="TOML config file (default with --from-run: RUNDIR/config.toml)")
     p.add_argument("--n-per-task", type=int, help="samples per task (default: eval.n_per_task)")
-    p.add_argument("--sandbox", choices=["local", "docker"], help="sandbox backend (default: run.sandbox)")
+    p.add_argument("--sandbox", choices=BACKENDS, help="sandbox backend (default: sandbox.backend)")
     p.add_argument("--concurrency", type=int, help="trajectories in flight (default: ppo.concurrency)")
     p.add_argument("--temperature", type=float, help="sampling temperature, 0: greedy (default: eval.temperature)")
     p.add_argument("--max-turns", type=int, help="assistant turns per episode (default: agent.max_turns)")
@@ -45,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-FLAG_KEYS = (("n_per_task", "eval.n_per_task"), ("sandbox", "run.sandbox"), ("concurrency", "ppo.concurrency"),
+FLAG_KEYS = (("n_per_task", "eval.n_per_task"), ("sandbox", "sandbox.backend"), ("concurrency", "ppo.concurrency"),
              ("temperature", "eval.temperature"), ("max_turns", "agent.max_turns"),
              ("max_new_tokens", "agent.max_new_tokens"), ("dtype", "model.sampler_dtype"))
 

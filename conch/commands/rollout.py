@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from conch.commands.eval import EVAL_SEED
+from conch.sandbox import BACKENDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-per-task", type=int, default=1, help="trajectories per task (default 1)")
     p.add_argument("--concurrency", type=int, help="trajectories in flight at once (default: ppo.concurrency)")
     p.add_argument("--out", required=True, help="output JSONL file (appended as trajectories finish)")
-    p.add_argument("--sandbox", choices=["local", "docker"], help="sandbox backend (default: run.sandbox)")
+    p.add_argument("--sandbox", choices=BACKENDS, help="sandbox backend (default: sandbox.backend)")
     p.add_argument("--mode", choices=["tito", "retokenize"], help="token bookkeeping (default: agent.mode)")
     p.add_argument("--max-turns", type=int, help="assistant turns per episode (default: agent.max_turns)")
     p.add_argument("--max-new-tokens", type=int, help="tokens per assistant turn (default: agent.max_new_tokens)")
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from conch.rl.stages import agent_config
     from conch.tasks.synth.trajectories import BASH_TOOL
 
-    flags = (("concurrency", "ppo.concurrency"), ("sandbox", "run.sandbox"), ("mode", "agent.mode"),
+    flags = (("concurrency", "ppo.concurrency"), ("sandbox", "sandbox.backend"), ("mode", "agent.mode"),
              ("max_turns", "agent.max_turns"), ("max_new_tokens", "agent.max_new_tokens"),
              ("max_context", "agent.max_context"), ("temperature", "agent.temperature"),
              ("top_p", "agent.top_p"), ("dtype", "model.sampler_dtype"))
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                                                          if getattr(args, attr) is not None)], preset=preset)
     model_dir = check_model_dir(args.model, "--model") if args.model else cached_model()
     cfg = agent_config(conf)
-    args.concurrency, args.sandbox, args.dtype = conf.ppo.concurrency, conf.run.sandbox, conf.model.sampler_dtype
+    args.concurrency, args.sandbox, args.dtype = conf.ppo.concurrency, conf.sandbox.backend, conf.model.sampler_dtype
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 

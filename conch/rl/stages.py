@@ -77,7 +77,7 @@ def build_corpus(cfg: Config, run_dir: Path) -> Corpus:
     train, traj_path = root / "train", root / "expert.jsonl"
     log(f"synthesizing {c.n_train} training tasks ({len(train_fams)} families) with expert trajectories")
     rep = synthesize(train, c.n_train, c.seed, train_fams, validate=True, jobs=cfg.run.jobs,
-                     backend=cfg.run.sandbox, trajectories=traj_path, log=lambda m: None,
+                     backend=cfg.sandbox.backend, trajectories=traj_path, log=lambda m: None,
                      mistake_rate=c.mistake_rate)
     for line in summary_lines(rep, train_fams):
         log(line)
@@ -87,7 +87,7 @@ def build_corpus(cfg: Config, run_dir: Path) -> Corpus:
         eval_dir = root / "eval"
         log(f"synthesizing {c.n_eval} evaluation tasks (training families, unseen seeds)")
         synthesize(eval_dir, c.n_eval, c.seed + EVAL_SEED_OFFSET, train_fams, validate=True, jobs=cfg.run.jobs,
-                   backend=cfg.run.sandbox, log=lambda m: None)
+                   backend=cfg.sandbox.backend, log=lambda m: None)
         dropped = drop_seen_instructions(eval_dir, train)
         if dropped:
             log(f"dropped {dropped} evaluation task(s) whose instruction also occurs in the training set")
@@ -106,7 +106,7 @@ def build_corpus(cfg: Config, run_dir: Path) -> Corpus:
     if c.n_heldout > 0:
         log(f"synthesizing {c.n_heldout} tasks of the heldout families")
         synthesize(heldout, c.n_heldout, c.seed + 2 * EVAL_SEED_OFFSET, select_families(None, split="heldout"),
-                   validate=True, jobs=cfg.run.jobs, backend=cfg.run.sandbox, log=lambda m: None)
+                   validate=True, jobs=cfg.run.jobs, backend=cfg.sandbox.backend, log=lambda m: None)
     if c.decontam_against:
         drop_contaminated(cfg, run_dir, [p for p in (train, eval_dir, rl, heldout) if p and p.is_dir()], traj_path)
     corpus = Corpus(train, eval_dir, heldout, traj_path, rl)
@@ -275,7 +275,7 @@ async def evaluate(engine: Any, codec: Any, tasks: Sequence[Any], cfg: Config, s
     agent = agent_config(cfg)
     agent = replace(agent, temperature=cfg.eval.temperature, top_p=1.0 if cfg.eval.temperature == 0 else agent.top_p)
     trajs, _ = await run_rollouts(engine, codec, tasks, n_per_task or cfg.eval.n_per_task, agent,
-                                  concurrency=cfg.ppo.concurrency, backend=cfg.run.sandbox, seed=seed, out=out,
+                                  concurrency=cfg.ppo.concurrency, backend=cfg.sandbox.backend, seed=seed, out=out,
                                   network=cfg.sandbox.network,
                                   on_done=on_done)
     return eval_result(trajs)

@@ -36,10 +36,10 @@ from typing import Any
 
 from conch.config import Config, ConfigError, describe
 from conch.rl.figures import iteration_line, last_mismatch, make_summary
+from conch.rl.placement import rollout_source
 from conch.rl.stages import (
     Corpus,
     EvalResult,
-    agent_config,
     build_corpus,
     evaluate,
     init_or_load_model,
@@ -209,22 +209,8 @@ def make_eval_engine(cfg: Config, run_dir: Path, policy: Any, tok: Any, model_di
 
 
 def make_rollout_source(cfg: Config, engine: Any, codec: Any, model_dir: Path) -> Any:
-    """`cluster.backend`: this process's engine and sandboxes, or Ray rollout workers."""
-    agent = agent_config(cfg)
-    verify_every = cfg.reward.verify_every if cfg.reward.mode == "progress" else 0
-    if cfg.cluster.backend == "ray":
-        from conch.cluster.ray_rollout import RayRolloutSource
-
-        log(f"starting {cfg.cluster.rollout_workers} Ray rollout workers x {cfg.cluster.sandboxes_per_worker} "
-            f"sandboxes" + (f" on {cfg.cluster.address}" if cfg.cluster.address else " (local Ray instance)"))
-        from conch.engine.registry import options_from_config
-
-        return RayRolloutSource(model_dir, options_from_config(cfg), agent, cfg.cluster, backend=cfg.run.sandbox,
-                                verify_every=verify_every, network=cfg.sandbox.network)
-    from conch.rl.rollout_source import LocalRolloutSource
-
-    return LocalRolloutSource(engine, codec, agent, backend=cfg.run.sandbox, concurrency=cfg.ppo.concurrency,
-                              verify_every=verify_every, network=cfg.sandbox.network)
+    """`cluster.backend`: this process's engine and sandboxes, or Ray rollout workers (conch/rl/placement.py)."""
+    return rollout_source(cfg, engine, codec, model_dir)
 
 
 class Evals(dict):
@@ -389,7 +375,8 @@ async def iteration(cfg: Config, learner: Any, rollout: tuple, tasks: list, upda
     if cfg.reward.mode == "count_over_nop":  # each task's do-nothing count, measured once and cached
         from conch.tasks import nop
 
-        await nop.attach(trajs, tasks, backend=cfg.run.sandbox, jobs=cfg.ppo.concurrency, network=cfg.sandbox.network)
+        await nop.attach(trajs, tasks, backend=cfg.sandbox.backend, jobs=cfg.ppo.concurrency,
+                         network=cfg.sandbox.network)
     scored = learner.score(trajs)
     t_upd = time.monotonic()
     stats = await asyncio.to_thread(learner.update, scored, update_policy, seed)

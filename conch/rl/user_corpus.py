@@ -135,7 +135,7 @@ def demonstrations(cfg: Config, sft_tasks: Sequence[Any], out: Path, log) -> Pat
             if r.error:
                 log(f"no demonstration for task {r.task}: {r.error}")
 
-        results = asyncio.run(demonstrate_all(with_solution, cfg.run.sandbox, cfg.run.jobs, on_result=report))
+        results = asyncio.run(demonstrate_all(with_solution, cfg.sandbox.backend, cfg.run.jobs, on_result=report))
         chats = [r.chat for r in results if r.chat is not None]
         log(f"SFT demonstrations: {len(chats)} of {len(with_solution)} solution(s) passed their verifier when "
             f"run one command per turn")

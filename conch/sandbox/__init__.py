@@ -1,13 +1,17 @@
-"""Sandboxes: the protocol (`base`) and its backends (`local` on bubblewrap, `docker`)."""
+"""Sandboxes: the protocol (`base`) and its backends (`local` on bubblewrap, `docker`), chosen by name from the
+registry (`registry`)."""
 
 from __future__ import annotations
 
-from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, Limits, Sandbox, SandboxError, SandboxSpec, ShellSession
+from conch.sandbox import registry
+from conch.sandbox.base import (DEFAULT_OUTPUT_CAP, Cleanup, ExecResult, Limits, Sandbox, SandboxError, SandboxSpec,
+                                ShellSession)
 
-BACKENDS = ("local", "docker")
+BACKENDS = registry.names()  # the backend names, for flag choices
 
 __all__ = [
     "BACKENDS",
+    "Cleanup",
     "DEFAULT_OUTPUT_CAP",
     "ExecResult",
     "Limits",
@@ -26,12 +30,4 @@ def make_sandbox(backend: str, spec: SandboxSpec, registries: bool = False) -> S
         from conch.sandbox.network import RegistryNetworkSandbox, with_registry_env
 
         return RegistryNetworkSandbox(make_sandbox(backend, with_registry_env(spec)))  # type: ignore[return-value]
-    if backend == "local":
-        from conch.sandbox.local import LocalSandbox
-
-        return LocalSandbox(spec)
-    if backend == "docker":
-        from conch.sandbox.docker import DockerSandbox
-
-        return DockerSandbox(spec)
-    raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    return registry.get(backend).create(spec)

@@ -68,6 +68,18 @@ class SandboxSpec:
     limits: Limits = field(default_factory=Limits)
 
 
+@dataclass(frozen=True)
+class Cleanup:
+    """What a started sandbox holds on the host, all of which `stop()` releases: its state folders, its cgroup
+    folders (memory first) and its containers. Empty before `start` and after `stop`. A caller that checks
+    nothing was left behind (the benchmarks, the tests) or reads the box's memory charge uses this, never a
+    backend's private fields."""
+
+    dirs: tuple[Path, ...] = ()
+    cgroups: tuple[Path, ...] = ()
+    containers: tuple[str, ...] = ()
+
+
 class SandboxError(RuntimeError):
     """The sandbox could not be built, started or used (not a command's own failure)."""
 
@@ -119,6 +131,14 @@ class Sandbox(Protocol):
 
         Links are copied as links (never followed on the host: read the result with conch/sandbox/readback.py).
         With `max_bytes`, an archive larger than that raises `ReadBackError` naming the cap."""
+        ...
+
+    async def netns_pid(self) -> int:
+        """A host pid inside the started sandbox's network namespace (to wire its network from the host)."""
+        ...
+
+    def cleanup(self) -> Cleanup:
+        """What this sandbox holds on the host now, which `stop()` releases (see `Cleanup`)."""
         ...
 
     def verification(self, setup: "VerifierSetup") -> "AbstractAsyncContextManager[Sandbox]":

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from conch.sandbox.base import (BOX_CAPS, DEFAULT_OUTPUT_CAP, ExecResult, Sandbox, SandboxError, SandboxSpec,
+from conch.sandbox.base import (BOX_CAPS, DEFAULT_OUTPUT_CAP, Cleanup, ExecResult, Sandbox, SandboxError, SandboxSpec,
                                 ShellSession, VerifierSetup)
 from conch.sandbox import docker_images as images
 from conch.sandbox.disk_watch import DiskWatch, watch_container
@@ -441,6 +441,18 @@ class DockerSandbox:
         if self.container is None or self._client is None:
             raise SandboxError(f"sandbox {self.name} is not started")
         return self._client.api, self.container
+
+    async def netns_pid(self) -> int:
+        api, container = self._require()
+        return int((await _call(api.inspect_container, container))["State"]["Pid"])
+
+    def cleanup(self) -> Cleanup:
+        if self.container is None or self._client is None:
+            return Cleanup()
+        cid = self._client.api.inspect_container(self.container)["Id"]
+        return Cleanup(containers=(self.container,), cgroups=tuple(
+            Path(p) for p in (f"/sys/fs/cgroup/memory/docker/{cid}", f"/sys/fs/cgroup/system.slice/docker-{cid}.scope",
+                              f"/sys/fs/cgroup/docker/{cid}")))
 
     # ------------------------------------------------------------------------------------------ commands
 

@@ -31,7 +31,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 from conch.sandbox import paths
-from conch.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, SandboxError, SandboxSpec, VerifierSetup
+from conch.sandbox.base import DEFAULT_OUTPUT_CAP, Cleanup, ExecResult, SandboxError, SandboxSpec, VerifierSetup
 from conch.sandbox.baseroot import RUNTIME_ENV
 from conch.sandbox.bwrap import (DEFAULT_PATH, BoxConfig, Cgroups, launcher_argv, proc_start_time, require_host,
                                  warn_once, write_id_maps)
@@ -299,6 +299,13 @@ class LocalSandbox:
         if self.state_dir is not None:
             await asyncio.to_thread(shutil.rmtree, self.state_dir, True)
             self.state_dir = None
+
+    async def netns_pid(self) -> int:
+        return self._require_started()  # pid 1 of the box
+
+    def cleanup(self) -> Cleanup:
+        cgroups = sorted(self._cgroups.paths if self._cgroups else [], key=lambda p: "memory" not in str(p))
+        return Cleanup(dirs=(self.state_dir,) if self.state_dir else (), cgroups=tuple(cgroups))
 
     # --- processes ---------------------------------------------------------------------------------------------
 

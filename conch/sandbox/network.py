@@ -270,26 +270,6 @@ def _netns_of(pid: int) -> str | None:
         return None
 
 
-async def sandbox_pid(sandbox) -> int:
-    """A host pid inside the started sandbox's network namespace (local: its init; docker: the container's)."""
-    pid = getattr(sandbox, "init_pid", None)
-    if pid:
-        return int(pid)
-    container = getattr(sandbox, "container", None)
-    if container:
-        import docker
-
-        def inspect() -> int:
-            c = docker.from_env(timeout=30)
-            try:
-                return int(c.api.inspect_container(container)["State"]["Pid"])
-            finally:
-                c.close()
-
-        return await asyncio.to_thread(inspect)
-    raise SandboxError(f"cannot find the process of sandbox {getattr(sandbox, 'name', '?')} for its network")
-
-
 class RegistryNetworkSandbox:
     """A sandbox (any backend) whose commands may reach the package registries through RegistryProxy."""
 
@@ -305,7 +285,7 @@ class RegistryNetworkSandbox:
     async def start(self) -> None:
         await self._inner.start()
         try:
-            await self._proxy.start(await sandbox_pid(self._inner))
+            await self._proxy.start(await self._inner.netns_pid())
         except BaseException:
             await self._inner.stop()
             raise

@@ -25,6 +25,34 @@ def test_config_engine_section_and_constraints():
             load_config(None, [bad])
 
 
+def test_engine_options_are_the_engine_section_not_a_copy():
+    """Every `[engine]` field, with the config's own default, is an option (a field added there needs no edit in
+    the registry); the engine choices are the registry's; flags left out keep the config's values."""
+    import argparse
+    import dataclasses
+
+    from conch.config import Config, EngineConfig
+    from conch.engine.registry import add_engine_arguments, options_for_command, options_from_args
+
+    assert issubclass(EngineOptions, EngineConfig)
+    defaults = EngineOptions()
+    for f in dataclasses.fields(EngineConfig):
+        assert f.name in {g.name for g in dataclasses.fields(EngineOptions)}
+        expect = getattr(EngineConfig(), f.name)
+        assert getattr(defaults, f.name) == (tuple(expect) if isinstance(expect, list) else expect), f.name
+    meta = {f.name: f.metadata for f in dataclasses.fields(Config().engine)}["backend"]
+    assert tuple(meta["choices"]) == tuple(BACKENDS)
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser, from_config=True)
+    cfg = load_config(None, ["engine.backend=vllm", "engine.port=8123", "engine.startup_timeout=5"])
+    opts = options_for_command(cfg, parser.parse_args(["--engine-arg=--seed=1"]))
+    assert (opts.backend, opts.port, opts.startup_timeout, opts.extra_args) == ("vllm", 8123, 5.0, ("--seed=1",))
+    plain = argparse.ArgumentParser()
+    add_engine_arguments(plain)
+    opts = options_from_args(plain.parse_args([]))
+    assert (opts.backend, opts.device, opts.dtype, opts.extra_args) == ("hf", "cpu", "float32", ())
+
+
 def test_build_engine_errors_name_the_problem(tmp_path):
     assert set(BACKENDS) == {"hf", "vllm"}
     with pytest.raises(ValueError, match="unknown engine backend 'sglang'"):

@@ -2,42 +2,44 @@
 
 Why a registry: `train`, `eval`, `rollout` and the benchmarks must sample with the same engine a user chose (the
 in-process HF engine on a laptop, a vLLM server for a real checkpoint on a GPU) without each of them knowing how
-an engine is built. Each backend is one factory here; commands pass plain `EngineOptions` and get an object that
-satisfies `conch.engine.base.Engine`. A new backend (e.g. "sglang") is one more entry in `BACKENDS`.
+an engine is built. Each backend is one factory here; commands pass `EngineOptions` (the config's `EngineConfig`
+with the run's log path and in-process extras) and get an object that satisfies `conch.engine.base.Engine`. A new
+backend (e.g. "sglang") is one more entry in `BACKENDS` (and in `engine.backend`'s choices, which a test holds
+equal: conch.config cannot import this module, which builds on it).
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from conch.config import EngineConfig, ModelConfig
 
-@dataclass(frozen=True)
-class EngineOptions:
-    """Plain data that says which engine to build and how (from `[engine]` of the config or from CLI flags)."""
+SAMPLER_DTYPE = ModelConfig.sampler_dtype  # the engine dtype when neither engine.dtype nor a config says one
 
-    backend: str = "hf"
-    device: str = "cpu"
-    dtype: str = "float32"
-    url: str = ""  # vllm: attach to this server
-    launch: bool = True  # vllm without url: start a server subprocess
-    python: str = ""  # vllm launch: interpreter of the vLLM environment
-    port: int = 0
-    startup_timeout: float = 600.0
-    extra_args: tuple[str, ...] = ()
+
+@dataclass
+class EngineOptions(EngineConfig):
+    """The config's `[engine]` section (`EngineConfig`: every field, with its default and documentation) plus what
+    only a running command knows. Built from a config by `options_from_config` and from flags by
+    `options_for_command`/`options_from_args`, never field by field: a field added to `[engine]` reaches the
+    engine with no edit here. `dtype` empty: model.sampler_dtype (of the config, else its default)."""
+
     log_path: str = ""  # vllm launch: where the server's log goes (empty: a temporary file)
     hf_kwargs: dict = field(default_factory=dict)  # hf only: e.g. native_attention, torch_threads
+
+    def __post_init__(self) -> None:
+        self.extra_args = tuple(str(a) for a in self.extra_args)  # type: ignore[assignment] # argv, not a knob list
 
 
 def options_from_config(cfg: Any, log_dir: Path | None = None) -> EngineOptions:
     """EngineOptions from a root `Config` (`[engine]`, with model.sampler_dtype when engine.dtype is empty)."""
     e = cfg.engine
-    return EngineOptions(backend=e.backend, device=e.device, dtype=e.dtype or cfg.model.sampler_dtype, url=e.url,
-                         launch=e.launch, python=e.python, port=e.port, startup_timeout=e.startup_timeout,
-                         extra_args=tuple(str(a) for a in e.extra_args),
-                         log_path=str(log_dir / "vllm-server.log") if log_dir else "")
+    values = {f.name: getattr(e, f.name) for f in fields(EngineConfig)}
+    values["dtype"] = e.dtype or cfg.model.sampler_dtype
+    return EngineOptions(**values, log_path=str(log_dir / "vllm-server.log") if log_dir else "")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, device: bool = True, from_config: bool = False) -> None:
@@ -57,14 +59,16 @@ def add_engine_arguments(parser: argparse.ArgumentParser, device: bool = True, f
 
 
 def options_from_args(args: argparse.Namespace, dtype: str | None = None) -> EngineOptions:
-    return EngineOptions(backend=args.engine or "hf", device=getattr(args, "device", None) or "cpu",
-                         dtype=dtype or getattr(args, "dtype", "float32"), url=args.engine_url,
-                         python=args.engine_python, extra_args=tuple(args.engine_arg))
+    """A benchmark's engine: the `[engine]` defaults with the engine flags on top (`dtype`, else `--dtype`)."""
+    return _with_flags(EngineOptions(dtype=dtype or getattr(args, "dtype", None) or SAMPLER_DTYPE), args)
 
 
 def options_for_command(cfg: Any, args: argparse.Namespace) -> EngineOptions:
     """A command's engine: the config's `[engine]`, with the engine flags given on the command line on top."""
-    opts = options_from_config(cfg)
+    return _with_flags(options_from_config(cfg), args)
+
+
+def _with_flags(opts: EngineOptions, args: argparse.Namespace) -> EngineOptions:
     given = {"backend": args.engine, "device": getattr(args, "device", None), "url": args.engine_url or None,
              "python": args.engine_python or None, "extra_args": tuple(args.engine_arg) or None}
     return replace(opts, **{k: v for k, v in given.items() if v is not None})
@@ -96,6 +100,8 @@ def build_engine(opts: EngineOptions, model: Any, *, tokenizer: Any = None, max_
     factory = BACKENDS.get(opts.backend)
     if factory is None:
         raise ValueError(f"unknown engine backend {opts.backend!r}; known: {', '.join(BACKENDS)}")
+    if not opts.dtype:  # [engine] dtype empty: model.sampler_dtype, here its default
+        opts = replace(opts, dtype=SAMPLER_DTYPE)
     if opts.backend != "hf" and not isinstance(model, (str, Path)):
         if model_dir is None:
             raise ValueError(f"engine {opts.backend} needs the checkpoint folder (model_dir)")

@@ -1,5 +1,5 @@
-"""Dockerfile parsing and planning (conch/sandbox/dockerfile.py): syntax, substitution, and the clear errors
-for what the local backend cannot reproduce. No sandbox needed."""
+"""Dockerfile parsing and planning (conch/sandbox/dockerfile.py, conch/sandbox/buildplan.py): syntax,
+substitution, and the clear errors for what the local backend cannot reproduce. No sandbox needed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from conch.sandbox.base import SandboxError
-from conch.sandbox.dockerfile import DOCKER_DEFAULT_PATH, expand, parse, plan, split_words
+from conch.sandbox.buildplan import DOCKER_DEFAULT_PATH, plan
+from conch.sandbox.dockerfile import expand, parse, split_words
 
 DF = Path("/ctx/Dockerfile")
 
@@ -193,7 +194,7 @@ def test_unsupported_instructions_name_file_line_and_suggest_docker(body, line, 
 
 
 def test_multi_stage_files_are_split_before_planning(tmp_path, base_root):
-    from conch.sandbox.dockerfile import split_stages
+    from conch.sandbox.buildplan import split_stages
     from conch.sandbox.localbuild import build_image
 
     body = "ARG V=1\nFROM a AS build\nRUN make\nFROM build\nCOPY --from=build /out /out\nFROM b\n"

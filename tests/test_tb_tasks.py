@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from conch.sandbox import uvshim
-from conch.sandbox.dockerfile import parse, plan, split_stages
+from conch.sandbox.buildplan import plan, split_stages
+from conch.sandbox.dockerfile import parse
 from conch.sandbox.standins import note, standin_for
 from conch.tasks.testdeps import pinned_requirements
 from conch.verify_parsers import static_test_count, static_test_ids_in_source, verifier_failure_cause

@@ -33,7 +33,8 @@ from conch.sandbox.base import SandboxError
 from conch.sandbox.baseroot import BUILD_CA, BUILD_ENV, CA_VARS, ensure_base_root, recipe_id
 from conch.sandbox.bwrap import ID_BASE, BoxConfig, run_box, shift_tree, warn_once
 from conch.sandbox.network import build_network
-from conch.sandbox.dockerfile import BuildPlan, BuildStep, parse, plan, split_stages
+from conch.sandbox.buildplan import BuildPlan, BuildStep, plan, split_stages
+from conch.sandbox.dockerfile import parse
 from conch.sandbox.stagecopy import copy_from_stage
 from conch.sandbox.standins import BASE_DESCRIPTION, standin_for
 from conch.sandbox.standins import note as standin_note

@@ -311,7 +311,7 @@ def test_safe_extract_refuses_escapes(tmp_path):
     import io
     import tarfile
 
-    from conch.sandbox.localbuild import safe_extract
+    from conch.sandbox.layerfs import safe_extract
 
     def archive(*members: tuple[str, bytes | None, str | None]) -> tarfile.TarFile:
         buf = io.BytesIO()

@@ -1,5 +1,5 @@
 """Files in and out of a Docker sandbox as tar streams (the engine's archive API), with the same extraction checks
-as the local backend (conch/sandbox/localbuild.py `safe_extract`). Links come out as links: read results with
+as the local backend (conch/sandbox/layerfs.py `safe_extract`). Links come out as links: read results with
 conch/sandbox/readback.py."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from conch.sandbox.base import SandboxError
-from conch.sandbox.localbuild import place_download, safe_extract
+from conch.sandbox.layerfs import place_download, safe_extract
 
 
 def tar_for_upload(src: Path, arcname: str) -> Any:

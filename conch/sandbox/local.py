@@ -36,7 +36,8 @@ from conch.sandbox.baseroot import RUNTIME_ENV
 from conch.sandbox.bwrap import (DEFAULT_PATH, BoxConfig, Cgroups, launcher_argv, proc_start_time, require_host,
                                  warn_once, write_id_maps)
 from conch.sandbox.enter import enter_binary
-from conch.sandbox.localbuild import LocalImage, build_image, lookup, place_download, safe_extract
+from conch.sandbox.layerfs import lookup, place_download, safe_extract
+from conch.sandbox.localbuild import LocalImage, build_image
 from conch.sandbox.readback import CapWriter, ReadBackError
 from conch.sandbox.shell import SHELL_ARGV, CappedBuffer, PersistentShell, pidfd_wait, settle, unread_bytes
 

@@ -14,12 +14,11 @@ import stat
 from pathlib import Path
 
 from conch.sandbox.base import SandboxError
+from conch.sandbox.layerfs import ensure_dir, is_whiteout, lookup, opaque, own, parse_owner, resolve
 
 
 def merged_entries(lowers: list[Path], parts: list[str]) -> dict[str, Path]:
     """{name: host path of the visible entry} of directory `parts` in the layer stack `lowers` (top first)."""
-    from conch.sandbox.localbuild import _is_whiteout, _opaque
-
     out: dict[str, Path] = {}
     hidden: set[str] = set()
     for layer in lowers:
@@ -33,19 +32,17 @@ def merged_entries(lowers: list[Path], parts: list[str]) -> dict[str, Path]:
         for entry in os.scandir(d):
             if entry.name in out or entry.name in hidden:
                 continue
-            if _is_whiteout(entry.stat(follow_symlinks=False)):
+            if is_whiteout(entry.stat(follow_symlinks=False)):
                 hidden.add(entry.name)
             else:
                 out[entry.name] = Path(entry.path)
-        if _opaque(d):
+        if opaque(d):
             break
     return out
 
 
 def _copy_tree(lowers: list[Path], parts: list[str], host: Path, out: Path, owner, mode: int | None) -> None:
     """Copy the visible entry `parts` (found at `host`) to `out`, recursing through the merged view."""
-    from conch.sandbox.localbuild import _own
-
     st = os.lstat(host)
     if out.is_dir() and not out.is_symlink() and not stat.S_ISDIR(st.st_mode):
         shutil.rmtree(out)
@@ -59,14 +56,12 @@ def _copy_tree(lowers: list[Path], parts: list[str], host: Path, out: Path, owne
     else:
         shutil.copy2(host, out, follow_symlinks=False)
     uid, gid = owner if owner is not None else (st.st_uid, st.st_gid)
-    _own(out, uid, gid, mode)
+    own(out, uid, gid, mode)
 
 
 def copy_from_stage(df: Path, step, src_lowers: list[Path], lowers: list[Path], diff: Path) -> None:
     """Run `COPY --from=... SRC... DEST` (paths in the earlier stage) into `diff`, over image `lowers`."""
-    from conch.sandbox.localbuild import _ensure_dir, _parse_owner, lookup, resolve
-
-    owner = _parse_owner(df, step, lowers) if step.chown else None
+    owner = parse_owner(df, step, lowers) if step.chown else None
     mode = int(step.chmod, 8) if step.chmod else None
     found: list[tuple[list[str], Path]] = []
     for src in step.sources:
@@ -80,11 +75,11 @@ def copy_from_stage(df: Path, step, src_lowers: list[Path], lowers: list[Path], 
     to_dir = step.dest.endswith("/") or (existing is not None and existing.is_dir()) or not dest_parts
     single_dir = len(found) == 1 and found[0][1].is_dir() and not found[0][1].is_symlink()
     if single_dir and not to_dir:  # a directory's contents go to DEST itself
-        _ensure_dir(lowers, diff, "/" + "/".join(dest_parts))
+        ensure_dir(lowers, diff, "/" + "/".join(dest_parts))
         to_dir, single_into = True, True
     else:
         single_into = False
-        _ensure_dir(lowers, diff, "/" + "/".join(dest_parts if to_dir else dest_parts[:-1]))
+        ensure_dir(lowers, diff, "/" + "/".join(dest_parts if to_dir else dest_parts[:-1]))
     target = diff.joinpath(*dest_parts)
     for parts, host in found:
         if host.is_dir() and not host.is_symlink():

@@ -1,4 +1,5 @@
-"""The docker backend's verifier box (conch/sandbox/docker_verify.py), on a real Docker engine.
+"""The docker backend's verifier box (conch/sandbox/docker_verify.py, docker_layout.py, docker_layers.py), on a
+real Docker engine.
 
 What an agent leaves behind must not change its count: a daemon rewriting the results, a `uvx` earlier on PATH,
 a replaced pytest/tar/sleep/timeout, `sitecustomize`/`.pth` hooks, a conftest at /, a poisoned wheelhouse, a
@@ -24,10 +25,13 @@ from test_sandbox_docker import engine  # noqa: F401 - `engine` is a fixture
 from conch.harness import run_task
 from conch.sandbox import make_sandbox
 from conch.sandbox import docker_images as di
+from conch.sandbox import docker_layers as dlayers
+from conch.sandbox import docker_layout as dlayout
 from conch.sandbox import docker_verify as dv
 from conch.sandbox.base import VerifierSetup
 from conch.sandbox.docker import gc as docker_gc
 from conch.sandbox.docker import owner_label
+from conch.sandbox.verifier_view import Change
 from conch.sandbox.readback import ReadBackError
 from conch.tasks.loader import load_task
 from conch.verify import verify
@@ -316,14 +320,14 @@ def test_layout_fixes_what_the_agent_put_in_a_mounts_way():
     agent = DictTree({"usr/bin/tar": "dir", "usr/bin/sh": ("link", "dash"), "usr/bin/dash": "file",
                       "usr/local/sbin": ("link", "/tmp"), "lib64": "dir", "opt/conch/x": "file",
                       "opt/conch/evil": "file"})
-    entries = [dv.Entry("usr/bin/tar", "pristine", "usr/bin/tar", "file"),
-               dv.Entry("usr/bin/sh", "pristine", "usr/bin/dash", "file"),
-               dv.Entry("usr/bin/dash", "pristine", "usr/bin/dash", "file"),
-               dv.Entry("usr/local/sbin/uvx", "mask-file", need="file"),
-               dv.Entry("opt/conch", "pristine", "opt/conch", "dir"),
-               dv.Entry("opt/conch/evil", "mask-file", need="file"),  # below a pristine folder: it shows none
-               dv.Entry("lib64", "link", "usr/lib64", "link")]
-    lay = dv.layout(entries, pristine, agent)
+    entries = [dlayout.Entry("usr/bin/tar", "pristine", "usr/bin/tar", "file"),
+               dlayout.Entry("usr/bin/sh", "pristine", "usr/bin/dash", "file"),
+               dlayout.Entry("usr/bin/dash", "pristine", "usr/bin/dash", "file"),
+               dlayout.Entry("usr/local/sbin/uvx", "mask-file", need="file"),
+               dlayout.Entry("opt/conch", "pristine", "opt/conch", "dir"),
+               dlayout.Entry("opt/conch/evil", "mask-file", need="file"),  # below a pristine folder: it shows none
+               dlayout.Entry("lib64", "link", "usr/lib64", "link")]
+    lay = dlayout.layout(entries, pristine, agent)
     assert lay.fixes == [("lib64", "link", "usr/lib64"), ("usr/bin/tar", "file", ""), ("usr/local/sbin", "dir", "")]
     # usr/bin/sh is the agent's link, the same as the image's: its target is bound instead of replacing it
     assert sorted(e.path for e in lay.mounts) == ["opt/conch", "usr/bin/dash", "usr/bin/tar", "usr/local/sbin/uvx"]
@@ -335,14 +339,14 @@ def test_layout_around_an_agent_site_folder():
     agent = DictTree({"py/os.py": "file", "py/encodings/x.py": "file", "py/site-packages/pytest": "file",
                       "py/site-packages/mine": "dir", "py/sitecustomize.py": "file", "py/LICENSE": "file",
                       "py/evil": "dir", os.fsdecode(b"py/\xff.pth"): "file"})
-    changes = [dv.Change("py", "pristine", "py"), dv.Change("py/site-packages", "agent"),
-               dv.Change("py/site-packages/pytest", "pristine", "py/site-packages/pytest")]
-    entries = dv.entries_of(changes, pristine, agent)
+    changes = [Change("py", "pristine", "py"), Change("py/site-packages", "agent"),
+               Change("py/site-packages/pytest", "pristine", "py/site-packages/pytest")]
+    entries = dlayout.entries_of(changes, pristine, agent)
     got = {e.path: e.kind for e in entries}
     assert got == {"py/os.py": "pristine", "py/encodings": "pristine", "py/LICENSE": "link",
                    "py/sitecustomize.py": "mask-file", "py/evil": "mask-dir", os.fsdecode(b"py/\xff.pth"): "mask-file",
                    "py/site-packages/pytest": "pristine"}, got
-    lay = dv.layout(entries, pristine, agent)
+    lay = dlayout.layout(entries, pristine, agent)
     assert lay.fixes == [("py/LICENSE", "link", "../doc/LICENSE"), (os.fsdecode(b"py/\xff.pth"), "file", "")]
 
 
@@ -365,10 +369,10 @@ def test_layer_stack_reads_layers_as_an_overlay_would(tmp_path):
     (top / "etc/opaque").mkdir()
     (top / "etc/opaque/new").write_text("y")
     os.setxattr(top / "etc/opaque", "trusted.overlay.opaque", b"y")
-    tree = dv.LayerStack([str(top), str(mid), str(low)])
+    tree = dlayers.LayerStack([str(top), str(mid), str(low)])
     assert tree.listdir("usr/lib") == ["py"]  # the top layer has no usr/: still listed from below
     assert tree.listdir("usr/lib/py") == ["a.py"] and tree.kind("usr/lib/py/b.py") is None
     assert tree.read("usr/lib/py/a.py", 10) == b"mid" and tree.kind("usr/lib/gone") is None
     assert tree.listdir("etc/opaque") == ["new"]
-    assert [p for p, _ in dv.stack([str(top), str(mid), str(low)], "usr/lib/py")] == \
+    assert [p for p, _ in dlayers.stack([str(top), str(mid), str(low)], "usr/lib/py")] == \
         [str(mid / "usr/lib/py"), str(low / "usr/lib/py")]

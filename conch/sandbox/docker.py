@@ -63,19 +63,19 @@ _API_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="conch-docker-
 _BUILD_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="conch-docker-build")
 
 
-async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+async def engine_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(_API_POOL, functools.partial(fn, *args, **kwargs))
 
 
 _storage_opt_ok = True  # until the engine refuses a disk quota once
-_live: dict[str, Any] = {}  # container name -> docker client, for the exit-time safety net
-_live_lock = threading.Lock()
+live_containers: dict[str, Any] = {}  # container name -> docker client, for the exit-time safety net
+live_lock = threading.Lock()
 
 
 def _remove_live_containers() -> None:
-    with _live_lock:
-        items = list(_live.items())
-        _live.clear()
+    with live_lock:
+        items = list(live_containers.items())
+        live_containers.clear()
     for name, c in items:
         try:
             c.api.remove_container(name, force=True)
@@ -126,7 +126,7 @@ async def _read_frames(reader: asyncio.StreamReader, sinks: dict[int, Any], feed
 
 async def _hijack(api: Any, exec_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Start exec `exec_id` and return the upgraded API connection as asyncio streams."""
-    sock = await _call(api.exec_start, exec_id, socket=True)
+    sock = await engine_call(api.exec_start, exec_id, socket=True)
     raw = getattr(sock, "_sock", sock)
     if not isinstance(raw, socket.socket):
         raise SandboxError(f"the Docker engine connection ({type(raw).__name__}) cannot be streamed; "
@@ -139,7 +139,7 @@ async def _exit_code(api: Any, exec_id: str, tries: int = 100) -> tuple[int | No
     """(exit code, host pid) of a finished exec; the engine may report it a moment after the stream ends."""
     info: dict[str, Any] = {}
     for i in range(tries):
-        info = await _call(api.exec_inspect, exec_id)
+        info = await engine_call(api.exec_inspect, exec_id)
         if not info.get("Running"):
             return info.get("ExitCode"), int(info.get("Pid") or 0)
         await asyncio.sleep(0.002 if i < 5 else 0.02)
@@ -149,7 +149,7 @@ async def _exit_code(api: Any, exec_id: str, tries: int = 100) -> tuple[int | No
 async def _exec_pid(api: Any, exec_id: str, tries: int = 20) -> int:
     """Host pid of a started exec (the engine fills it in a moment after the start); 0 if not known."""
     for _ in range(tries):
-        info = await _call(api.exec_inspect, exec_id)
+        info = await engine_call(api.exec_inspect, exec_id)
         if info.get("Pid") or not info.get("Running", True) and info.get("ExitCode") is not None:
             return int(info.get("Pid") or 0)
         await asyncio.sleep(0.005)
@@ -170,7 +170,7 @@ async def _run_once(api: Any, container: str, command: str, timeout: float, cwd:
     (exec_marker.py: background children may hold the stream open for seconds) or the host guard fires."""
     nonce = new_nonce()
     try:
-        created = await _call(api.exec_create, container, wrapped_argv(command, timeout), stdin=True,
+        created = await engine_call(api.exec_create, container, wrapped_argv(command, timeout), stdin=True,
                               environment=env or None, workdir=cwd or None)
     except Exception as exc:  # noqa: BLE001 - the engine's reason is in the message
         raise SandboxError(f"cannot run a command in container {container}: {exc}") from exc
@@ -223,7 +223,7 @@ class DockerShellTransport:
     async def open(cls, api: Any, container: str, workdir: str | None = None,
                    env: dict[str, str] | None = None) -> "DockerShellTransport":
         argv = list(SHELL_ARGV[1:])  # without `setsid`: see the class docstring
-        created = await _call(api.exec_create, container, argv, stdin=True, workdir=workdir or None,
+        created = await engine_call(api.exec_create, container, argv, stdin=True, workdir=workdir or None,
                                           environment=env or None)
         reader, writer = await _hijack(api, created["Id"])
         return cls(api, container, created["Id"], reader, writer)
@@ -240,7 +240,7 @@ class DockerShellTransport:
 
     async def wait_exit(self) -> None:
         """Returns when bash exits (seen through its host pid with a local engine; else when the stream ends)."""
-        pid = await _exec_pid(self._api, self._exec_id) if _engine_is_local(self._api) else 0
+        pid = await _exec_pid(self._api, self._exec_id) if engine_is_local(self._api) else 0
         if not (pid and await pidfd_wait(pid)):
             await asyncio.shield(self._pump)
 
@@ -260,7 +260,7 @@ class DockerShellTransport:
         return code
 
 
-def _engine_is_local(api: Any) -> bool:
+def engine_is_local(api: Any) -> bool:
     """True when the engine is reached over a unix socket: its process ids are this host's."""
     return str(getattr(api, "base_url", "")).startswith("http+docker://")
 
@@ -274,7 +274,7 @@ def _kill_host_pid(pid: int) -> None:
             pass
 
 
-def _slug(name: str) -> str:
+def slug(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_.-]+", "-", name).strip("-.")[:40] or "task"
 
 
@@ -303,18 +303,18 @@ class DockerSandbox:
             raise SandboxError(f"sandbox {self.name} already started")
         spec = self.spec
         env = images.environment_of(spec.context_dir, spec.dockerfile, spec.compose_file)
-        self._client = await _call(images.client)
+        self._client = await engine_call(images.client)
         loop = asyncio.get_running_loop()
         self.image = await loop.run_in_executor(_BUILD_POOL, images.ensure_env_image, env, spec.name)
-        config = (await _call(self._client.api.inspect_image, self.image)).get("Config") or {}
+        config = (await engine_call(self._client.api.inspect_image, self.image)).get("Config") or {}
         image_env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
         from_base = (config.get("Labels") or {}).get(images.LABEL_FROM_BASE) == "1"
         self._env = {**(images.runtime_env(image_env) if from_base else {}), **env.env, **spec.env}
         self._workdir = spec.workdir or env.workdir
-        self.container = f"conch-{_slug(spec.name)}-{uuid.uuid4().hex[:10]}"
-        with _live_lock:
-            _live[self.container] = self._client
-        creating = asyncio.ensure_future(_call(self._create_and_start))
+        self.container = f"conch-{slug(spec.name)}-{uuid.uuid4().hex[:10]}"
+        with live_lock:
+            live_containers[self.container] = self._client
+        creating = asyncio.ensure_future(engine_call(self._create_and_start))
         try:
             await asyncio.shield(creating)
             if not self._quota_enforced:
@@ -330,14 +330,14 @@ class DockerSandbox:
     async def _watch_disk(self) -> None:
         """No engine quota here: enforce `storage_mb` with a watchdog on the writable layer (disk_watch.py)."""
         api, container = self._require()
-        info = await _call(api.inspect_container, container)
+        info = await engine_call(api.inspect_container, container)
         limit = self.spec.limits.storage_mb
 
         async def exceeded(used: int) -> None:
             self._disk_error = (f"disk limit: sandbox {self.name} wrote {used >> 20} MiB, over its {limit} MiB "
                                 "storage limit; stopped")
             try:
-                await _call(api.kill, container)
+                await engine_call(api.kill, container)
             except Exception:  # noqa: BLE001 - already gone
                 pass
 
@@ -387,7 +387,7 @@ class DockerSandbox:
             except docker.errors.APIError as exc:
                 if not storage or "storage-opt" not in str(exc).lower():
                     raise
-                with _live_lock:
+                with live_lock:
                     said, _storage_opt_ok = not _storage_opt_ok, False
                 if not said:
                     print(f"conch: note: the Docker engine cannot limit container disk size here "
@@ -418,7 +418,7 @@ class DockerSandbox:
         if client is None:
             return
         if name is not None:
-            await _call(self._remove, client, name)
+            await engine_call(self._remove, client, name)
         self.container = self._client = None
         client.close()
 
@@ -432,8 +432,8 @@ class DockerSandbox:
         except docker.errors.APIError as exc:
             if "already in progress" not in str(exc):
                 raise SandboxError(f"sandbox {self.name}: cannot remove container {name}: {exc}") from exc
-        with _live_lock:
-            _live.pop(name, None)
+        with live_lock:
+            live_containers.pop(name, None)
 
     def _require(self) -> tuple[Any, str]:
         if self._disk_error:
@@ -444,7 +444,7 @@ class DockerSandbox:
 
     async def netns_pid(self) -> int:
         api, container = self._require()
-        return int((await _call(api.inspect_container, container))["State"]["Pid"])
+        return int((await engine_call(api.inspect_container, container))["State"]["Pid"])
 
     def cleanup(self) -> Cleanup:
         if self.container is None or self._client is None:
@@ -498,9 +498,9 @@ class DockerSandbox:
         if not src.exists():
             raise FileNotFoundError(f"upload source {src} does not exist")
         target = PurePosixPath(dest if dest.startswith("/") else f"{self._workdir or '/'}/{dest}")
-        spool = await _call(_tar_for_upload, src, str(target).lstrip("/"))
+        spool = await engine_call(_tar_for_upload, src, str(target).lstrip("/"))
         try:
-            ok = await _call(api.put_archive, container, "/", spool)
+            ok = await engine_call(api.put_archive, container, "/", spool)
         finally:
             spool.close()
         if not ok:
@@ -514,11 +514,11 @@ class DockerSandbox:
         with tempfile.TemporaryFile() as spool:
             try:
                 sink = CapWriter(spool, max_bytes, f"download of {target}") if max_bytes is not None else spool
-                await _call(_get_archive, api, container, target, sink)
+                await engine_call(_get_archive, api, container, target, sink)
                 spool.seek(0)
             except docker.errors.NotFound as exc:
                 raise FileNotFoundError(f"sandbox {self.name}: {target} does not exist") from exc
-            await _call(_extract_download, spool, PurePosixPath(target).name or ".", Path(dest))
+            await engine_call(_extract_download, spool, PurePosixPath(target).name or ".", Path(dest))
 
 
 # ----------------------------------------------------------------------------------------------- gc

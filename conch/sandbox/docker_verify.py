@@ -51,10 +51,12 @@ from typing import Any, AsyncIterator
 
 from conch.sandbox import docker_images as images
 from conch.sandbox.base import VERIFIER_RUN, SandboxError, VerifierSetup
-from conch.sandbox.docker import DockerSandbox, _call, _engine_is_local, _live, _live_lock, _slug, owner_label
+from conch.sandbox.docker import DockerSandbox, engine_call, live_containers, live_lock, owner_label, slug
 from conch.sandbox.docker_files import extract_download, get_archive
+from conch.sandbox.docker_layers import LayerStack, image_layers, pristine_tree, stack
+from conch.sandbox.docker_layout import Entry, Layout, entries_of, layout
 from conch.sandbox.readback import DOWNLOAD_CAP, MAX_FILES, CapWriter, ReadBackError
-from conch.sandbox.verifier_view import MAX_LIST, Change, Memo, TreeReader, hops, path_dirs, plan, resolve
+from conch.sandbox.verifier_view import TreeReader, path_dirs, plan, resolve
 
 SNAPSHOT_REPO = "conch/snapshot"
 KIND_SNAPSHOT = "snapshot"  # io.conch.kind of a snapshot image
@@ -64,25 +66,6 @@ UV_CACHE = f"{VERIFIER_RUN}/uv-cache"
 TMPFS_BYTES = DOWNLOAD_CAP
 SLEEP = ("usr/bin/sleep", "bin/sleep")  # the image's, for the idle init
 MOUNT_DATA_MAX = 4000  # an overlay volume's mount options must fit a page
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One thing the verifier container shows at `path` (relative to /). `kind`: "pristine" (the image's `source`,
-    read-only), "mask-file" / "mask-dir" (empty, read-only), "link" (a link to `source`, written into the
-    snapshot), "bind" (host folder `source`, read-only), "tmpfs", "volume" (a results folder). `need`: what must
-    be at `path` in the snapshot for the mount ("dir", "file", "link")."""
-
-    path: str
-    kind: str
-    source: str = ""
-    need: str = "dir"
-
-
-@dataclass
-class Layout:
-    mounts: list[Entry]
-    fixes: list[tuple[str, str, str]]  # (path, "dir" | "file" | "link", link target), parents first
 
 
 @dataclass
@@ -106,282 +89,6 @@ class _Leftovers:
                 call()
         for d in self.dirs:
             shutil.rmtree(d, ignore_errors=True)
-
-
-# --------------------------------------------------------------------------------------------------- layers
-
-
-def image_layers(api: Any, image: str) -> list[str]:
-    """The host folders of `image`'s overlay2 layers, top first; SandboxError when they are not readable here."""
-    if not _engine_is_local(api):
-        raise SandboxError("docker verification needs the Docker engine on this host (a unix socket): it binds the "
-                           "image's own layers into the verifier container")
-    graph = (api.inspect_image(image).get("GraphDriver") or {})
-    data = graph.get("Data") or {}
-    layers = [data["UpperDir"]] if data.get("UpperDir") else []
-    layers += [p for p in (data.get("LowerDir") or "").split(":") if p]
-    if graph.get("Name") != "overlay2" or not layers:
-        raise SandboxError(f"docker verification needs the overlay2 storage driver (this engine: {graph.get('Name')})")
-    if not all(os.path.isdir(p) and os.access(p, os.R_OK | os.X_OK) for p in layers):
-        raise SandboxError(f"docker verification reads the image's layers under {os.path.dirname(layers[0])}, "
-                           "which this user cannot (run conch as root, as the local backend needs)")
-    return layers
-
-
-@functools.lru_cache(maxsize=32)
-def pristine_tree(layers: tuple[str, ...]) -> Memo:
-    """An image's layers as one read-only view, memoized (layers never change once built)."""
-    return Memo(LayerStack(list(layers)))
-
-
-class LayerStack:
-    """A `TreeReader` over overlay layers on this host (top first), as the overlay of them shows them: whiteouts
-    and opaque folders honoured, no link followed (`stack`). (verifier_view.LayersTree stops listing a folder at
-    the first layer that lacks it.)"""
-
-    def __init__(self, layers: list[str]) -> None:
-        self.layers = layers
-
-    def kind(self, rel: str) -> str | None:
-        found = stack(self.layers, rel) if rel.strip("/") else [(self.layers[0], "dir")]
-        return found[0][1] if found else None
-
-    def listdir(self, rel: str) -> list[str]:
-        found = stack(self.layers, rel) if rel.strip("/") else _root_stack(self.layers)
-        names: set[str] = set()
-        gone: set[str] = set()
-        for path, kind in found:
-            if kind != "dir":
-                return []
-            try:
-                entries = os.listdir(path)[:MAX_LIST]
-            except OSError:
-                continue
-            for name in entries:
-                if name in gone or name in names:
-                    continue
-                try:
-                    st = os.lstat(os.path.join(path, name))
-                except OSError:
-                    continue
-                (gone if _whiteout(st) else names).add(name)
-        return sorted(names)
-
-    def readlink(self, rel: str) -> str | None:
-        found = stack(self.layers, rel)
-        if not found or found[0][1] != "link":
-            return None
-        try:
-            return os.readlink(found[0][0])
-        except OSError:
-            return None
-
-    def read(self, rel: str, cap: int) -> bytes | None:
-        found = stack(self.layers, rel)
-        if not found or found[0][1] != "file":
-            return None
-        try:
-            fd = os.open(found[0][0], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            return os.read(fd, cap)
-        finally:
-            os.close(fd)
-
-
-def _root_stack(layers: list[str]) -> list[tuple[str, str]]:
-    out = []
-    for root in layers:
-        out.append((root, "dir"))
-        if _opaque(root):
-            break
-    return out
-
-
-def _whiteout(st: os.stat_result) -> bool:
-    import stat
-
-    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
-
-
-def _opaque(path: str) -> bool:
-    try:
-        return os.getxattr(path, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
-    except OSError:
-        return False
-
-
-def stack(layers: list[str], rel: str) -> list[tuple[str, str]]:
-    """(host path, kind) of `rel` in each layer an overlay of `layers` (top first) shows it from: one entry for a
-    file or link, every contributing layer for a folder. No link is ever followed on the way."""
-    import stat
-
-    parts = [p for p in rel.split("/") if p]
-    out: list[tuple[str, str]] = []
-    for root in layers:
-        path, hidden = root, False
-        for i, part in enumerate(parts):
-            path = os.path.join(path, part)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                break  # not in this layer
-            if _whiteout(st):
-                return out
-            if i < len(parts) - 1:
-                if not stat.S_ISDIR(st.st_mode):
-                    return out  # a file or link here hides the lower layers' folder
-                hidden |= _opaque(path)
-                continue
-            kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else \
-                "link" if stat.S_ISLNK(st.st_mode) else "other"
-            if kind != "dir":
-                return out if out else [(path, kind)]
-            out.append((path, kind))
-            hidden |= _opaque(path)
-        if hidden:
-            return out
-    return out
-
-
-# --------------------------------------------------------------------------------------------------- layout
-
-
-def entries_of(changes: list[Change], pristine: TreeReader, agent: TreeReader) -> list[Entry]:
-    """The plan as `Entry`s, in order: a pristine folder holding "agent" paths becomes its entries around them."""
-    agent_paths = [c.path for c in changes if c.kind == "agent"]
-    out: list[Entry] = []
-    for c in changes:
-        if c.kind == "agent":
-            continue
-        if c.kind == "pristine":
-            kind = pristine.kind(c.source)
-            inner = [p[len(c.path) + 1:] for p in agent_paths if p.startswith(c.path + "/")]
-            if kind == "dir" and inner:
-                _around(c.path, c.source, inner, pristine, agent, out)
-            elif kind in ("dir", "file"):
-                out.append(Entry(c.path, "pristine", c.source, kind))
-        elif c.kind in ("mask-file", "mask-dir"):
-            out.append(Entry(c.path, c.kind, need="file" if c.kind == "mask-file" else "dir"))
-        else:
-            raise SandboxError(f"verifier plan: unknown change {c.kind!r} at {c.path}")
-    return out
-
-
-def _around(path: str, source: str, keep: list[str], pristine: TreeReader, agent: TreeReader,
-            out: list[Entry]) -> None:
-    """The image's folder `source` at `path`, entry by entry, except the agent's own sub-paths `keep`."""
-    heads: dict[str, list[str]] = {}
-    for rel in keep:
-        head, _, rest = rel.partition("/")
-        heads.setdefault(head, []).append(rest)
-    names = pristine.listdir(source)
-    for name in names:
-        src, dst = f"{source}/{name}", f"{path}/{name}"
-        kind = pristine.kind(src)
-        if "" in heads.get(name, []):
-            continue  # the agent's own
-        if name in heads and kind == "dir":
-            _around(dst, src, heads[name], pristine, agent, out)
-        elif kind in ("dir", "file"):
-            out.append(Entry(dst, "pristine", src, kind))
-        elif kind == "link":
-            out.append(Entry(dst, "link", pristine.readlink(src) or "", "link"))
-    for name in agent.listdir(path):
-        if name in names or name in heads:
-            continue
-        dst = f"{path}/{name}"
-        out.append(Entry(dst, "mask-dir", need="dir") if agent.kind(dst) == "dir"
-                   else Entry(dst, "mask-file", need="file"))
-
-
-def _utf8(path: str) -> bool:
-    try:
-        path.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
-
-
-def _through_links(entries: list[Entry], pristine: TreeReader, agent: TreeReader) -> list[Entry]:
-    """An image file reached through links (`usr/bin/sh` -> dash) that the agent left as they are: bound at
-    the file's own path instead, so that the links need not be replaced in the snapshot. Only where the links,
-    the agent's and the image's, are the same and none lies below a folder the verifier gets mounted."""
-    folders = [e.path for e in entries if e.need == "dir"]
-    out: list[Entry] = []
-    for e in entries:
-        if e.kind == "pristine" and e.need == "file" and e.path != e.source and agent.kind(e.path) == "link":
-            chain, end = hops(agent, e.path)
-            clear = all(not (p == f or p.startswith(f + "/")) for p, _ in chain for f in folders)
-            if end == e.source and clear and hops(pristine, e.path) == (chain, end):
-                out.append(Entry(e.source, "pristine", e.source, "file"))
-                continue
-        out.append(e)
-    return out
-
-
-def layout(entries: list[Entry], pristine: TreeReader, agent: TreeReader) -> Layout:
-    """Which entries to mount, and what to write into the snapshot first so that each mount lands on its own
-    path: a folder where the agent left a link or a file on the way, the right kind of entry where the agent
-    left another. Entries below a mounted folder are checked against what that folder shows instead."""
-    by_path: dict[str, Entry] = {}
-    for e in _through_links(entries, pristine, agent):  # a later entry for the same path wins
-        by_path.pop(e.path, None)
-        by_path[e.path] = e
-    folders = {p: e for p, e in by_path.items() if e.need == "dir" and e.kind != "link"}
-    mounts: list[Entry] = []
-    fixes: dict[str, tuple[str, str]] = {}
-    for path in sorted(by_path, key=lambda p: (p.count("/"), p)):
-        e = by_path[path]
-        parts = path.split("/")
-        if not _utf8(path):  # the engine's API carries UTF-8 names only; its archive API any bytes
-            if e.kind not in ("mask-file", "mask-dir"):
-                raise SandboxError(f"docker verification: cannot mount at {path!r} (not UTF-8)")
-            fixes[path] = ("file", "")  # an empty file in place of the agent's file or folder
-            continue
-        enclosing = next((a for a in ("/".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)) if a in folders),
-                         None)
-        if enclosing is not None:
-            outer = folders[enclosing]
-            rest = path[len(enclosing):]
-            if outer.kind in ("tmpfs", "volume"):
-                mounts.append(e)  # an empty writable folder: the engine makes the mount point
-            elif outer.kind == "bind":
-                host = outer.source + rest
-                if e.kind != "link" and not os.path.islink(host) and (
-                        os.path.isdir(host) if e.need == "dir" else os.path.isfile(host)):
-                    mounts.append(e)
-            elif outer.kind == "pristine" and e.kind != "link" and pristine.kind(outer.source + rest) == e.need:
-                mounts.append(e)
-            continue  # else what the enclosing mount shows there stands
-        fixed = False
-        for i in range(1, len(parts)):
-            anc = "/".join(parts[:i])
-            if anc in fixes:
-                fixed = True
-                break
-            kind = agent.kind(anc)
-            if kind is None:
-                fixed = True  # absent: the engine creates it (as a folder)
-                break
-            if kind != "dir":
-                fixes[anc] = ("dir", "")
-                fixed = True
-                break
-        have = None if fixed else agent.kind(path)
-        if e.kind == "link":
-            if have != "link" or agent.readlink(path) != e.source:
-                fixes[path] = ("link", e.source)
-            continue
-        if have is not None and have != e.need:
-            fixes[path] = (e.need, "")
-        mounts.append(e)
-    order = sorted(fixes, key=lambda p: (p.count("/"), p))
-    return Layout(mounts, [(p, *fixes[p]) for p in order])
-
-
-# --------------------------------------------------------------------------------------------------- engine side
 
 
 def _labels(kind: str) -> dict[str, str]:
@@ -506,11 +213,11 @@ class VerifierContainer(DockerSandbox):
         raise SandboxError("a verifier box has no verifier box of its own")
 
     async def open(self) -> None:
-        self._client = await _call(images.client)
-        self.container = f"conch-{_slug(self.name)[:30]}-v{uuid.uuid4().hex[:10]}"
-        with _live_lock:
-            _live[self.container] = self._client
-        creating = asyncio.ensure_future(_call(self._create_and_start))
+        self._client = await engine_call(images.client)
+        self.container = f"conch-{slug(self.name)[:30]}-v{uuid.uuid4().hex[:10]}"
+        with live_lock:
+            live_containers[self.container] = self._client
+        creating = asyncio.ensure_future(engine_call(self._create_and_start))
         try:
             await asyncio.shield(creating)
             if not self._quota_enforced:
@@ -525,7 +232,7 @@ class VerifierContainer(DockerSandbox):
         """Pause the verifier container, then copy its results folders into `setup`'s (links as links)."""
         api, container = self._require()
         await _pause(api, container)
-        await asyncio.gather(*(_call(read_back, api, container, box_path, top, Path(getattr(setup, name)))
+        await asyncio.gather(*(engine_call(read_back, api, container, box_path, top, Path(getattr(setup, name)))
                                for name, box_path, top in RESULTS))
 
 
@@ -607,7 +314,7 @@ async def _pause(api: Any, container: str, tries: int = 5) -> None:
     processes are forking; the engine leaves it running then, and a second try succeeds."""
     for attempt in range(tries):
         try:
-            await _call(api.pause, container)
+            await engine_call(api.pause, container)
             return
         except Exception as exc:  # noqa: BLE001 - docker.errors.APIError, retried then re-raised
             if "unable to freeze" not in str(exc) or attempt == tries - 1:
@@ -621,7 +328,7 @@ async def verifier_box(agent: DockerSandbox, setup: VerifierSetup) -> AsyncItera
 
     api, container = agent._require()
     start = time.monotonic()
-    state = (await _call(api.inspect_container, container)).get("State") or {}
+    state = (await engine_call(api.inspect_container, container)).get("State") or {}
     paused = False
     if state.get("Running") and not state.get("Paused"):
         await _pause(api, container)
@@ -630,7 +337,7 @@ async def verifier_box(agent: DockerSandbox, setup: VerifierSetup) -> AsyncItera
     timings: dict[str, float] = {"pause": time.monotonic() - start}
     box: VerifierContainer | None = None
     try:
-        preparing = asyncio.ensure_future(_call(prepare, api, container, setup, left, timings))
+        preparing = asyncio.ensure_future(engine_call(prepare, api, container, setup, left, timings))
         try:  # on cancellation let the engine calls finish, so that the removal below sees what they made
             image, mounts, tmpfs, entrypoint = await asyncio.shield(preparing)
         except docker.errors.APIError as exc:
@@ -645,7 +352,7 @@ async def verifier_box(agent: DockerSandbox, setup: VerifierSetup) -> AsyncItera
         await box.open()
         timings["create_start"] = time.monotonic() - t
         if setup.final and state.get("Running"):
-            await _call(_kill, api, container)
+            await engine_call(_kill, api, container)
         timings["ready"] = time.monotonic() - start
         yield box
         t = time.monotonic()
@@ -658,13 +365,13 @@ async def verifier_box(agent: DockerSandbox, setup: VerifierSetup) -> AsyncItera
                 if box is not None:
                     await box.stop()
             finally:
-                await _call(left.remove, api)
+                await engine_call(left.remove, api)
         finally:
             if setup.final and state.get("Running"):
-                await _call(_kill, api, container)
+                await engine_call(_kill, api, container)
             elif paused:
                 with contextlib.suppress(docker.errors.APIError):
-                    await _call(api.unpause, container)
+                    await engine_call(api.unpause, container)
             timings["teardown"] = time.monotonic() - t
             timings["total"] = time.monotonic() - start
 

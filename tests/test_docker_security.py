@@ -22,6 +22,7 @@ from test_sandbox_docker import engine, write_task_env  # noqa: F401 - `engine` 
 from conch.sandbox import SandboxError, SandboxSpec, make_sandbox
 from conch.sandbox import docker_images as di
 from conch.sandbox.base import Limits
+from conch.sandbox.compose import Environment
 from conch.sandbox.docker import BOX_CAPS, ENGINE_READONLY
 
 CAP_SYS_ADMIN = 21
@@ -251,7 +252,7 @@ def test_build_steps_cannot_reach_the_hosts_loopback(tmp_path, engine):
         COPY probe.py /probe.py
         RUN python3 /probe.py {port} {PROXY_PORT} > /result
         """, {"probe.py": probe})
-    env = di.Environment(env_dir, env_dir / "Dockerfile")
+    env = Environment(env_dir, env_dir / "Dockerfile")
     tag = None
     try:
         tag = di.ensure_env_image(env, f"loopback-probe-{secrets.token_hex(3)}", progress=lambda _: None)
@@ -277,7 +278,7 @@ def test_failed_build_removes_its_network_container(tmp_path, engine):
         RUN echo {secrets.token_hex(4)} && exit 3
         """)
     with pytest.raises(SandboxError, match="returned a non-zero code: 3"):
-        di.ensure_env_image(di.Environment(env_dir, env_dir / "Dockerfile"), "failing-build", progress=lambda _: None)
+        di.ensure_env_image(Environment(env_dir, env_dir / "Dockerfile"), "failing-build", progress=lambda _: None)
     assert not _build_holders()
 
 

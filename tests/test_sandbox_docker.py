@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 
 from conch.sandbox import SandboxError, SandboxSpec, make_sandbox
+from conch.sandbox import docker_from
 from conch.sandbox import docker_images as di
 from conch.sandbox.base import Limits
+from conch.sandbox.compose import environment_of
 from conch.sandbox.docker import gc as docker_gc
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,9 +80,9 @@ def test_standin_patterns():
     for ref in ("python:3.11", "python:3.13-slim", "python:3.12-slim-bookworm", "python:3.11.9-bookworm",
                 "docker.io/library/python:3.10-slim", "debian:bookworm-slim", "debian", "ubuntu:24.04",
                 "ghcr.io/laude-institute/t-bench/python-3-13:20250620", "ghcr.io/laude-institute/t-bench/ubuntu-24-04"):
-        assert di.is_standin_ref(ref), ref
+        assert docker_from.is_standin_ref(ref), ref
     for ref in ("node:20", "python:2.7", "alpine:3.19", "ghcr.io/other/x:1", "python:3.11-alpine", "rust:1.80"):
-        assert not di.is_standin_ref(ref), ref
+        assert not docker_from.is_standin_ref(ref), ref
 
 
 def test_generate_dockerfile_rewrites_from_lines():
@@ -96,24 +98,24 @@ def test_generate_dockerfile_rewrites_from_lines():
         FROM ubuntu:22.04
         RUN true
         """)
-    gen = di.generate_dockerfile(text, "conch/base:x", "Dockerfile", lambda ref: False)
+    gen = docker_from.generate_dockerfile(text, "conch/base:x", "Dockerfile", lambda ref: False)
     assert gen.standins == ("python:3.12-slim", "ubuntu:22.04")
     froms = [line for line in gen.text.splitlines() if line.upper().startswith("FROM")]
     assert froms == ["FROM conch/base:x AS build", "FROM build AS second", "FROM scratch", "FROM conch/base:x"]
     # every non-scratch stage gets the build CA for its RUN steps, as build ARGs (never ENV)
-    assert gen.text.count(f"COPY {di.BUILD_DIR}/ca.crt {di.CA_IN_IMAGE}") == 3
-    assert gen.text.count(f"ARG SSL_CERT_FILE={di.CA_IN_IMAGE}") == 3
+    assert gen.text.count(f"COPY {docker_from.BUILD_DIR}/ca.crt {docker_from.CA_IN_IMAGE}") == 3
+    assert gen.text.count(f"ARG SSL_CERT_FILE={docker_from.CA_IN_IMAGE}") == 3
     assert "ENV SSL_CERT_FILE" not in gen.text
     assert "RUN echo a \\\n    && echo b" in gen.text  # other instructions untouched
 
 
 def test_generate_dockerfile_keeps_local_images_and_rejects_unknown():
-    gen = di.generate_dockerfile("FROM myorg/tool:1\n", "conch/base:x", "D", lambda ref: ref == "myorg/tool:1")
+    gen = docker_from.generate_dockerfile("FROM myorg/tool:1\n", "conch/base:x", "D", lambda ref: ref == "myorg/tool:1")
     assert gen.standins == () and gen.text.startswith("FROM myorg/tool:1\n")
     with pytest.raises(SandboxError, match=r"D:1: FROM node:20 cannot be pulled"):
-        di.generate_dockerfile("FROM node:20\n", "conch/base:x", "D", lambda ref: False)
+        docker_from.generate_dockerfile("FROM node:20\n", "conch/base:x", "D", lambda ref: False)
     with pytest.raises(SandboxError, match="no FROM"):
-        di.generate_dockerfile("RUN true\n", "conch/base:x", "D", lambda ref: False)
+        docker_from.generate_dockerfile("RUN true\n", "conch/base:x", "D", lambda ref: False)
 
 
 def test_compose_single_service_and_multi_service(tmp_path):
@@ -131,13 +133,13 @@ def test_compose_single_service_and_multi_service(tmp_path):
               - MODE=${MODE:-fast}
             working_dir: /work
         """))
-    env = di.environment_of(tmp_path, None, compose)
+    env = environment_of(tmp_path, None, compose)
     assert env.dockerfile == tmp_path / "Dockerfile.client" and env.context_dir == tmp_path
     assert env.env == {"TEST_DIR": "/tests", "MODE": "fast"} and env.workdir == "/work"
 
     compose.write_text("services:\n  client:\n    build: .\n  db:\n    image: postgres:16\n")
     with pytest.raises(SandboxError, match=r"2 services \(client, db\); multi-service compose tasks are unsupported"):
-        di.environment_of(tmp_path, None, compose)
+        environment_of(tmp_path, None, compose)
 
 
 # --------------------------------------------------------------------------------------- with an engine
@@ -326,7 +328,7 @@ def test_offline_verifier_toolchain(box):
 def test_image_cached_by_content_and_standin_said_once(tmp_path, engine, capfd):
     env_dir = write_task_env(tmp_path / "e", "FROM ubuntu:24.04\nCOPY f /f\nRUN echo built-$(cat /f) > /g\n",
                              {"f": "1"})
-    env = di.environment_of(env_dir, env_dir / "Dockerfile", None)
+    env = environment_of(env_dir, env_dir / "Dockerfile", None)
     first = di.ensure_env_image(env, "cache-test")
     err = capfd.readouterr().err
     assert err.count("FROM ubuntu:24.04 cannot be pulled here") == 1

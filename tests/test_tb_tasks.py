@@ -127,7 +127,7 @@ def test_multi_stage_plan():
 
 def test_multi_service_compose_is_a_clear_error(tmp_path):
     from conch.sandbox.base import SandboxError
-    from conch.sandbox.docker_images import environment_of
+    from conch.sandbox.compose import environment_of
 
     compose = tmp_path / "docker-compose.yaml"
     compose.write_text("services:\n  client:\n    build: .\n  db:\n    image: postgres:16\n")
@@ -136,7 +136,7 @@ def test_multi_service_compose_is_a_clear_error(tmp_path):
 
 
 def test_docker_standin_sets_tbench_workdir():
-    from conch.sandbox.docker_images import generate_dockerfile
+    from conch.sandbox.docker_from import generate_dockerfile
 
     text = (TASKS / "sales-summary" / "environment" / "Dockerfile").read_text()
     gen = generate_dockerfile(text, "conch/base:x", "Dockerfile", lambda ref: False)

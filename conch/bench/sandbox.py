@@ -43,7 +43,8 @@ def _percentile(values: list[float], q: float) -> float:
 def _cleanup(backend: str, nonce: str, spec=None) -> None:
     """Drop the image layers the cold start built (they are unique to this run)."""
     if backend == "docker" and spec is not None:
-        from conch.sandbox.docker_images import environment_of, remove_env_image
+        from conch.sandbox.compose import environment_of
+        from conch.sandbox.docker_images import remove_env_image
 
         remove_env_image(environment_of(spec.context_dir, spec.dockerfile, None), spec.name)
     if backend == "local":

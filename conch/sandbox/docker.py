@@ -43,6 +43,7 @@ from typing import Any
 from conch.sandbox.base import (BOX_CAPS, DEFAULT_OUTPUT_CAP, Cleanup, ExecResult, Sandbox, SandboxError, SandboxSpec,
                                 ShellSession, VerifierSetup)
 from conch.sandbox import docker_images as images
+from conch.sandbox.compose import environment_of
 from conch.sandbox.disk_watch import DiskWatch, watch_container
 from conch.sandbox.exec_marker import UntilMarker, new_nonce, wrapped_argv
 from conch.sandbox.docker_files import extract_download as _extract_download
@@ -302,7 +303,7 @@ class DockerSandbox:
         if self.container is not None:
             raise SandboxError(f"sandbox {self.name} already started")
         spec = self.spec
-        env = images.environment_of(spec.context_dir, spec.dockerfile, spec.compose_file)
+        env = environment_of(spec.context_dir, spec.dockerfile, spec.compose_file)
         self._client = await engine_call(images.client)
         loop = asyncio.get_running_loop()
         self.image = await loop.run_in_executor(_BUILD_POOL, images.ensure_env_image, env, spec.name)

@@ -3,8 +3,9 @@
 Why this exists: nothing can be pulled from a container registry here, yet task Dockerfiles start with
 `FROM python:3.13-slim-bookworm` or `FROM ghcr.io/laude-institute/t-bench/python-3-13`. So the base image is
 made from Debian packages (the same debootstrap'd root as the `local` backend, `docker import`ed), and FROM
-references that cannot be pulled are rewritten to it in a generated Dockerfile (plus what the original image
-sets, e.g. the t-bench images' WORKDIR /app: conch/sandbox/standins.py), saying so once per image.
+references that cannot be pulled are rewritten to it in a generated Dockerfile (conch/sandbox/docker_from.py,
+plus what the original image sets, e.g. the t-bench images' WORKDIR /app: conch/sandbox/standins.py), saying so
+once per image. What a task's environment is (its compose service) is conch/sandbox/compose.py's.
 
 Task images are tagged by a content hash of everything that can change the result (generated Dockerfile,
 the build context's files, the ids of the images it starts from), so a second run, or another task with the
@@ -25,20 +26,18 @@ import fcntl
 import hashlib
 import io
 import os
-import re
 import sys
 import tarfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from conch.sandbox.base import SandboxError
-from conch.sandbox.baseroot import BUILD_CA, CA_VARS
-from conch.sandbox.standins import SUPPORTED, standin_for
-from conch.sandbox.standins import note as standin_note
+from conch.sandbox.compose import Environment
+from conch.sandbox.docker_from import BUILD_DIR, GeneratedDockerfile, announce_standins, generate_dockerfile
 
 BASE_REPO = "conch/base"
 TASK_REPO = "conch/env"
@@ -46,17 +45,8 @@ LABEL_KIND = "io.conch.kind"  # "base" | "env" | "sandbox"
 LABEL_TASK = "io.conch.task"
 LABEL_FROM_BASE = "io.conch.from-base"  # "1" on the base, inherited by images built on it: gets its runtime env
 LABEL_OWNER = "io.conch.owner"  # "<hostname>:<pid>" of the process that started a container
-BUILD_DIR = ".conch-build"  # generated files inside the build context
-CA_IN_IMAGE = BUILD_CA  # the same path as in the local builder's RUN steps
 # Bumped when the way images are generated changes, so old cache entries are not reused.
 GENERATION = "1"
-
-# Variables TB1 compose files use; the values its harness gives them inside the container.
-_COMPOSE_DEFAULTS = {
-    "T_BENCH_TEST_DIR": "/tests",
-    "T_BENCH_CONTAINER_LOGS_PATH": "/var/log/tbench",
-    "T_BENCH_CONTAINER_AGENT_LOGS_PATH": "/agent-logs",
-}
 
 Progress = Callable[[str], None]
 
@@ -97,184 +87,6 @@ def client(timeout: float = 3600.0) -> Any:
         raise SandboxError(f"no Docker engine answers at {host} ({type(exc).__name__}: {exc}); "
                            "start one (e.g. `dockerd --bridge=none --iptables=false`)") from exc
     return c
-
-
-# ----------------------------------------------------------------------------------------------- compose
-
-
-@dataclass(frozen=True)
-class Environment:
-    """What to build and how to run it, after reading a compose file if there is one.
-
-    `dockerfile` None with `image` None: the bare base image. `image`: a compose service without `build`.
-    """
-
-    context_dir: Path | None
-    dockerfile: Path | None
-    image: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    workdir: str | None = None
-
-
-def _interpolate(value: str) -> str:
-    def sub(m: re.Match[str]) -> str:
-        name, default = m.group(1) or m.group(3), m.group(2) or ""
-        return _COMPOSE_DEFAULTS.get(name, default)
-
-    return re.sub(r"\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)", sub, value)
-
-
-def environment_of(context_dir: Path | None, dockerfile: Path | None, compose_file: Path | None) -> Environment:
-    """Resolve a task's environment; a compose file with several services is a SandboxError (unsupported)."""
-    if compose_file is None:
-        return Environment(context_dir=context_dir, dockerfile=dockerfile)
-    import yaml
-
-    try:
-        doc = yaml.safe_load(compose_file.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise SandboxError(f"{compose_file}: cannot read compose file: {exc}") from exc
-    services = doc.get("services") if isinstance(doc, dict) else None
-    if not isinstance(services, dict) or not services:
-        raise SandboxError(f"{compose_file}: no `services` table")
-    if len(services) > 1:
-        raise SandboxError(f"{compose_file}: defines {len(services)} services ({', '.join(sorted(services))}); "
-                           "multi-service compose tasks are unsupported by conch sandboxes (one container only)")
-    name, svc = next(iter(services.items()))
-    svc = svc or {}
-    if not isinstance(svc, dict):
-        raise SandboxError(f"{compose_file}: service {name!r} must be a mapping")
-    env_items = svc.get("environment") or {}
-    if isinstance(env_items, list):
-        env_items = dict(item.split("=", 1) if "=" in item else (item, "") for item in map(str, env_items))
-    env = {str(k): _interpolate(str(v if v is not None else "")) for k, v in env_items.items()}
-    workdir = svc.get("working_dir")
-    build = svc.get("build")
-    if build is None:
-        image = svc.get("image")
-        if dockerfile is None and image:
-            return Environment(None, None, image=_interpolate(str(image)), env=env, workdir=workdir)
-        return Environment(context_dir, dockerfile, env=env, workdir=workdir)
-    if isinstance(build, str):
-        build = {"context": build}
-    ctx = (compose_file.parent / _interpolate(str(build.get("context", ".")))).resolve()
-    df = ctx / _interpolate(str(build.get("dockerfile", "Dockerfile")))
-    if not df.is_file():
-        raise SandboxError(f"{compose_file}: service {name!r} builds {df}, which does not exist")
-    return Environment(ctx, df, env=env, workdir=workdir)
-
-
-# ----------------------------------------------------------------------------------------------- FROM
-
-
-_announced: set[str] = set()
-_announce_lock = threading.Lock()
-
-
-def is_standin_ref(ref: str) -> bool:
-    """True for FROM references that are replaced by the offline base (the table in conch/sandbox/standins.py)."""
-    return standin_for(ref) is not None
-
-
-@dataclass(frozen=True)
-class GeneratedDockerfile:
-    text: str
-    standins: tuple[str, ...]  # original references replaced by the base image
-    parents: tuple[str, ...]  # image references the build starts from (after replacement)
-
-
-def _instruction_end(lines: list[str], first: int, escape: str) -> int:
-    """Index of the last physical line of the instruction starting at index `first`."""
-    i = first
-    while lines[i].rstrip().endswith(escape) and i + 1 < len(lines):
-        i += 1
-        while i + 1 < len(lines) and (not lines[i].strip() or lines[i].lstrip().startswith("#")):
-            i += 1
-    return i
-
-
-def generate_dockerfile(text: str, base_ref: str, source: str, image_exists: Callable[[str], bool],
-                        base_args: dict[str, str] | None = None) -> GeneratedDockerfile:
-    """Rewrite the FROM lines of Dockerfile `text` (offline stand-ins, build CA); `source` names it in errors.
-    Stages that start from the base also get `base_args` as build ARGs (environment of their RUN steps).
-
-    Parsing (continuations, heredocs, the escape directive) is the shared parser's (conch/sandbox/dockerfile.py);
-    every other line is passed through unchanged, so the engine builds exactly what the task wrote."""
-    from conch.sandbox.dockerfile import expand_vars, parse
-
-    df = parse(Path(source), text)
-    lines = text.splitlines()
-    stages: set[str] = set()
-    global_args: dict[str, str] = {}
-    standins: list[str] = []
-    parents: list[str] = []
-    replacements: dict[int, tuple[int, list[str]]] = {}
-    for ins in df.instructions:
-        if ins.keyword == "ARG" and not replacements:
-            for decl in ins.value.split():
-                k, _, v = decl.partition("=")
-                global_args[k] = v.strip("\"'")
-            continue
-        if ins.keyword != "FROM":
-            continue
-        words = ins.value.split()
-        if not words:
-            raise SandboxError(f"{source}:{ins.line}: FROM without an image")
-        try:
-            ref = expand_vars(words[0], global_args)
-        except ValueError as exc:
-            raise SandboxError(f"{source}:{ins.line}: FROM {words[0]}: {exc}") from exc
-        alias = words[2] if len(words) >= 3 and words[1].upper() == "AS" else None
-        if ref.lower() in stages or ref == "scratch":
-            new_ref = ref
-        elif image_exists(ref):
-            new_ref = ref
-            parents.append(ref)
-        elif is_standin_ref(ref):
-            new_ref = base_ref
-            standins.append(ref)
-            parents.append(base_ref)
-        else:
-            raise SandboxError(f"{source}:{ins.line}: FROM {ref} cannot be pulled (no registry access) and has no "
-                               f"offline stand-in ({SUPPORTED}); load it into the engine first (`docker load`)")
-        # --platform names the platform to pull for; the local base has exactly one (the classic builder may
-        # even refuse the flag), so it is dropped for stand-ins
-        flags = [f"--{k}={v}" for k, v in ins.flags if not (new_ref == base_ref and k == "platform")]
-        head = " ".join(["FROM", *flags, new_ref] + (["AS", alias] if alias else []))
-        block = [head]
-        if new_ref != "scratch":
-            block += [f"COPY {BUILD_DIR}/ca.crt {CA_IN_IMAGE}"] + [f"ARG {var}={CA_IN_IMAGE}" for var in CA_VARS]
-        if new_ref == base_ref:
-            block += [f"ARG {k}={v}" for k, v in (base_args or {}).items()]
-            standin = standin_for(ref)
-            if standin is not None and standin.workdir:  # what the original image sets (t-bench: /app)
-                block.append(f"WORKDIR {standin.workdir}")
-        if alias:
-            stages.add(alias.lower())
-        first = ins.line - 1
-        replacements[first] = (_instruction_end(lines, first, df.escape), block)
-    if not replacements:
-        raise SandboxError(f"{source}: no FROM instruction")
-    out: list[str] = []
-    i = 0
-    while i < len(lines):
-        if i in replacements:
-            last, block = replacements[i]
-            out.extend(block)
-            i = last + 1
-        else:
-            out.append(lines[i])
-            i += 1
-    return GeneratedDockerfile("\n".join(out) + "\n", tuple(standins), tuple(parents))
-
-
-def announce_standins(standins: tuple[str, ...], base_ref: str, source: str) -> None:
-    """Say once per process and original reference that it was replaced by the offline base."""
-    with _announce_lock:
-        for ref in standins:
-            if ref not in _announced:
-                _announced.add(ref)
-                _stderr(f"conch: {source}: {standin_note(ref)} (image {base_ref})")
 
 
 # ----------------------------------------------------------------------------------------------- context

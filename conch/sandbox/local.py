@@ -33,6 +33,7 @@ from pathlib import Path
 from conch.sandbox import paths
 from conch.sandbox.base import DEFAULT_OUTPUT_CAP, Cleanup, ExecResult, SandboxError, SandboxSpec, VerifierSetup
 from conch.sandbox.baseroot import RUNTIME_ENV
+from conch.sandbox.compose import environment_of
 from conch.sandbox.bwrap import (DEFAULT_PATH, BoxConfig, Cgroups, launcher_argv, proc_start_time, require_host,
                                  warn_once, write_id_maps)
 from conch.sandbox.enter import enter_binary
@@ -121,8 +122,6 @@ class LocalSandbox:
         t0 = time.monotonic()
         require_host()
         # A compose file (single service) may move the build and add env/working_dir; same rules as docker.
-        from conch.sandbox.docker_images import environment_of
-
         envdef = environment_of(self.spec.context_dir, self.spec.dockerfile, self.spec.compose_file)
         if envdef.image and envdef.dockerfile is None:
             from conch.sandbox.standins import BASE_DESCRIPTION

@@ -284,7 +284,7 @@ def test_failed_build_removes_its_network_container(tmp_path, engine):
 
 def _build_holders() -> list[str]:
     """Build network containers of this process still present."""
-    from conch.sandbox.docker import owner_label
+    from conch.sandbox.docker_images import owner_label
 
     c = di.client()
     try:

@@ -29,8 +29,8 @@ from conch.sandbox import docker_layers as dlayers
 from conch.sandbox import docker_layout as dlayout
 from conch.sandbox import docker_verify as dv
 from conch.sandbox.base import VerifierSetup
-from conch.sandbox.docker import gc as docker_gc
-from conch.sandbox.docker import owner_label
+from conch.sandbox.docker_gc import gc as docker_gc
+from conch.sandbox.docker_images import owner_label
 from conch.sandbox.verifier_view import Change
 from conch.sandbox.readback import ReadBackError
 from conch.tasks.loader import load_task

@@ -24,7 +24,7 @@ from conch.sandbox import docker_from
 from conch.sandbox import docker_images as di
 from conch.sandbox.base import Limits
 from conch.sandbox.compose import environment_of
-from conch.sandbox.docker import gc as docker_gc
+from conch.sandbox.docker_gc import gc as docker_gc
 
 REPO = Path(__file__).resolve().parents[1]
 CONCH = [sys.executable, "-m", "conch"]

@@ -8,8 +8,8 @@ without blocking a thread, so `--jobs N` sessions cost N sockets and no threads.
 
 Containers run with networking disabled (network_mode "none"), the task's CPU/memory/pids limits, and labels
 (`io.conch.kind=sandbox`, `io.conch.owner=<host>:<pid>:<start time>`) so that `conch sandbox gc` can remove
-whatever a crashed run left. Every container this process starts is also removed at interpreter exit (Ctrl-C
-included).
+whatever a crashed run left (conch/sandbox/docker_gc.py). Every container this process starts is also removed at
+interpreter exit (Ctrl-C included).
 
 The container is a security boundary: the agent is root inside it, so root there must not reach the host
 kernel's settings, its own limits, other boxes or host files. Hence Docker's default capability set pinned
@@ -36,7 +36,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -85,20 +85,6 @@ def _remove_live_containers() -> None:
 
 
 atexit.register(_remove_live_containers)
-
-
-def _proc_start(pid: int) -> str | None:
-    """Start time of process `pid` (clock ticks since boot), or None when it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def owner_label() -> str:
-    """`<host>:<pid>:<start time>` of this process, for `gc` to tell a crashed run from a live one."""
-    return f"{socket.gethostname()}:{os.getpid()}:{_proc_start(os.getpid()) or ''}"
 
 
 async def _read_frames(reader: asyncio.StreamReader, sinks: dict[int, Any], feed: str = "feed",
@@ -371,7 +357,8 @@ class DockerSandbox:
                       memswap_limit=f"{lim.memory_mb}m", pids_limit=lim.pids, init=True, privileged=False,
                       cap_drop=["ALL"], cap_add=list(BOX_CAPS), security_opt=["no-new-privileges"],
                       cgroupns="private", runtime=os.environ.get("CONCH_DOCKER_RUNTIME") or None)
-        labels = {images.LABEL_KIND: "sandbox", images.LABEL_TASK: self.name, images.LABEL_OWNER: owner_label()}
+        labels = {images.LABEL_KIND: "sandbox", images.LABEL_TASK: self.name,
+                  images.LABEL_OWNER: images.owner_label()}
         while True:
             # A disk quota needs overlay2 on xfs with pquota; elsewhere the engine refuses it: say so once.
             storage = {"storage_opt": {"size": f"{lim.storage_mb}m"}} if _storage_opt_ok else {}
@@ -520,70 +507,3 @@ class DockerSandbox:
             except docker.errors.NotFound as exc:
                 raise FileNotFoundError(f"sandbox {self.name}: {target} does not exist") from exc
             await engine_call(_extract_download, spool, PurePosixPath(target).name or ".", Path(dest))
-
-
-# ----------------------------------------------------------------------------------------------- gc
-
-
-@dataclass
-class GcReport:
-    containers: list[str] = field(default_factory=list)
-    images: list[str] = field(default_factory=list)
-    kept_running: int = 0  # containers of live conch processes, left alone
-    verifier: list[str] = field(default_factory=list)  # verifier boxes' snapshot images and volumes
-
-
-def _owner_alive(owner: str) -> bool:
-    """Whether the process named by an owner label still runs (pid reuse is caught by its start time)."""
-    host, pid, start = (owner.split(":") + ["", "", ""])[:3]
-    if host != socket.gethostname() or not pid.isdigit():
-        return True  # another machine's run (shared engine): not ours to judge
-    return _proc_start(int(pid)) not in (None, "") and (not start or _proc_start(int(pid)) == start)
-
-
-def gc(everything: bool = False, remove_images: bool = False) -> GcReport:
-    """Remove sandbox containers whose conch process is gone (all of them with `everything`), and with
-    `remove_images` the cached task environment images and the bases of older recipes that no container uses.
-    The current base image is kept."""
-    import docker.errors
-
-    report = GcReport()
-    c = images.client()
-    try:
-        for ct in c.api.containers(all=True, filters={"label": f"{images.LABEL_KIND}=sandbox"}):
-            owner = (ct.get("Labels") or {}).get(images.LABEL_OWNER, "")
-            if not everything and _owner_alive(owner):
-                report.kept_running += 1
-                continue
-            try:
-                c.api.remove_container(ct["Id"], force=True)
-                report.containers.append((ct.get("Names") or [ct["Id"][:12]])[0].lstrip("/"))
-            except docker.errors.NotFound:
-                pass
-        from conch.sandbox.docker_verify import gc_leftovers  # verifier boxes' snapshot images and volumes
-
-        report.verifier = gc_leftovers(c, lambda owner: not everything and _owner_alive(owner))
-        if remove_images:
-            used = {ct["ImageID"] for ct in c.api.containers(all=True)}
-            for img in c.api.images(filters={"label": f"{images.LABEL_KIND}=env"}):
-                if img["Id"] in used:
-                    continue
-                for tag in img.get("RepoTags") or [img["Id"]]:
-                    try:
-                        c.api.remove_image(tag, noprune=False)
-                        report.images.append(tag)
-                    except docker.errors.APIError:
-                        pass  # used by a newer container, or a child image: keep
-            current = images.base_tag()
-            for img in c.api.images(name=images.BASE_REPO):
-                for tag in img.get("RepoTags") or []:
-                    if tag not in (current, f"{images.BASE_REPO}:latest") and img["Id"] not in used:
-                        try:  # a base of an older recipe
-                            c.api.remove_image(tag)
-                            report.images.append(tag)
-                        except docker.errors.APIError:
-                            pass
-            c.api.prune_images(filters={"dangling": True, "label": images.LABEL_KIND})  # untagged old bases
-    finally:
-        c.close()
-    return report

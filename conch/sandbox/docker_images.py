@@ -26,6 +26,7 @@ import fcntl
 import hashlib
 import io
 import os
+import socket
 import sys
 import tarfile
 import threading
@@ -72,6 +73,20 @@ def engine_problem(timeout: float = 5.0) -> str | None:
         host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         return f"no Docker engine answers at {host}: {type(exc).__name__}: {exc}"
     return None
+
+
+def proc_start(pid: int) -> str | None:
+    """Start time of process `pid` (clock ticks since boot), or None when it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def owner_label() -> str:
+    """`<host>:<pid>:<start time>` of this process, for `gc` to tell a crashed run from a live one."""
+    return f"{socket.gethostname()}:{os.getpid()}:{proc_start(os.getpid()) or ''}"
 
 
 def client(timeout: float = 3600.0) -> Any:
@@ -214,7 +229,6 @@ def _build_network(c: Any, image: str, what: str) -> Iterator[str]:
     this process (so `conch sandbox gc` removes it after a crash) and removed at the end."""
     import docker.errors
 
-    from conch.sandbox.docker import owner_label
     from conch.sandbox.network import ProxyThread
 
     labels = {LABEL_KIND: "sandbox", LABEL_TASK: f"build network of {what}", LABEL_OWNER: owner_label()}

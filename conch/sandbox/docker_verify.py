@@ -51,7 +51,7 @@ from typing import Any, AsyncIterator
 
 from conch.sandbox import docker_images as images
 from conch.sandbox.base import VERIFIER_RUN, SandboxError, VerifierSetup
-from conch.sandbox.docker import DockerSandbox, engine_call, live_containers, live_lock, owner_label, slug
+from conch.sandbox.docker import DockerSandbox, engine_call, live_containers, live_lock, slug
 from conch.sandbox.docker_files import extract_download, get_archive
 from conch.sandbox.docker_layers import LayerStack, image_layers, pristine_tree, stack
 from conch.sandbox.docker_layout import Entry, Layout, entries_of, layout
@@ -92,7 +92,7 @@ class _Leftovers:
 
 
 def _labels(kind: str) -> dict[str, str]:
-    return {images.LABEL_KIND: kind, images.LABEL_OWNER: owner_label()}
+    return {images.LABEL_KIND: kind, images.LABEL_OWNER: images.owner_label()}
 
 
 def _commit(api: Any, container: str) -> str:

@@ -87,7 +87,7 @@ def _gc_local(args: argparse.Namespace, out: Out) -> None:
 
 def _gc_docker(args: argparse.Namespace, out: Out) -> None:
     """Containers of the docker backend whose conch process is gone (labels name the owner)."""
-    from conch.sandbox.docker import gc
+    from conch.sandbox.docker_gc import gc
 
     report = gc(remove_images=args.images)
     for name in report.containers:

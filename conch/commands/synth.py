@@ -1,8 +1,11 @@
-"""`conch synth`: generate a validated corpus of procedural tasks, or print statistics of a task folder.
+"""`conch synth`: generate a validated corpus of procedural tasks, have an LLM write tasks from seed tasks, or
+print statistics of a task folder (or of an LLM synthesis run).
 
     conch synth --out DIR --n N --seed S [--families a,b] [--split train|heldout] [--jobs J] [--no-validate]
                 [--sandbox local|docker]
                 [--trajectories FILE.jsonl [--mistake-rate R]]
+    conch synth --from-seeds DIR --llm URL --model NAME --n N --out DIR (--against REF_DIR | --no-decontam)
+                [--api-key-env VAR] [--repairs K] [--llm-jobs L] [--jobs J] [--max-candidates M] [--resume]
     conch synth --stats DIR [--json]
     conch synth --list [--json]
 
@@ -36,9 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trajectories", type=Path, help="write the oracle runs as chat JSONL (needs validation)")
     p.add_argument("--mistake-rate", type=float, default=0.0,
                    help="share of trajectories that show the family's mistake instead of the oracle (default 0)")
-    p.add_argument("--stats", type=Path, metavar="DIR", help="print statistics of the tasks under DIR")
+    p.add_argument("--stats", type=Path, metavar="DIR", help="print statistics of the tasks under DIR (of the run, "
+                   "per gate and per seed, when DIR holds an LLM run's synth.jsonl)")
     p.add_argument("--list", action="store_true", help="list the families with their split and category")
     p.add_argument("--json", action="store_true", help="machine-readable output (with --stats or --list)")
+    from conch.tasks.llmsynth.command import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -49,8 +56,15 @@ def run(args: argparse.Namespace) -> int:
         return _list(args)
     if args.stats is not None:
         return _stats(args)
+    if args.from_seeds is not None:
+        from conch.tasks.llmsynth.command import run_llm
+
+        return run_llm(args, _sandbox(args))
+    from conch.tasks.llmsynth.command import stray_flags
     from conch.tasks.synth import select_families, summary_lines, synthesize
 
+    if stray_flags(args):
+        raise UsageError(f"{', '.join(stray_flags(args))} belong to LLM synthesis: add --from-seeds DIR")
     sandbox = _sandbox(args)
     if args.out is None:
         raise UsageError("--out DIR is required (or use --stats DIR / --list)")
@@ -111,6 +125,10 @@ def _stats(args: argparse.Namespace) -> int:
 
     if not args.stats.is_dir():
         raise UsageError(f"{args.stats}: not a directory")
+    if (args.stats / "synth.jsonl").is_file():
+        from conch.tasks.llmsynth.command import stats_llm
+
+        return stats_llm(args)
     st = corpus_stats(args.stats)
     if args.json:
         print(json.dumps(st, indent=2))

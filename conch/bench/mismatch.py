@@ -8,7 +8,7 @@ loop in real sandboxes, the sampler in bfloat16 (as inference engines run) and t
 What runs. `run_rollouts` collects trajectories of every task twice with the same seeds: once in `tito` mode and
 once in `retokenize` mode (the naive loop: every turn re-renders and re-tokenizes the conversation and the
 engine re-prefills it). A randomly initialised model never emits a tool call, so a turn without one runs
-`--command` in its shell (`AgentConfig.fallback_command`); the turn's ids are still exactly what was sampled.
+`--command` in its shell (`conch.bench.agents.FallbackLoop`); the turn's ids are still exactly what was sampled.
 The trainer (`conch.rl.batch.policy_forward`, float32, one trajectory per forward) then scores them four ways:
 
 | setting | trajectories | trainer's ids | routing in the trainer |
@@ -181,9 +181,9 @@ class Collected:
 
 
 async def collect(args: argparse.Namespace, model_dir: str, tasks: list) -> Collected:
-    from conch.agent.loop import AgentConfig
     from conch.agent.rollout import run_rollouts
     from conch.agent.tito import ChatCodec
+    from conch.bench.agents import bench_agent, fallback_loop
     from conch.engine.registry import build_engine, options_from_args
     from conch.tasks.synth.trajectories import BASH_TOOL
 
@@ -193,12 +193,12 @@ async def collect(args: argparse.Namespace, model_dir: str, tasks: list) -> Coll
     out: dict[str, list] = {}
     try:
         for mode in ("tito", "retokenize"):
-            cfg = AgentConfig(max_turns=args.turns, max_new_tokens=args.max_new_tokens, temperature=1.0, mode=mode,
-                              fallback_command=args.fallback_command)
+            cfg = bench_agent(max_turns=args.turns, max_new_tokens=args.max_new_tokens, temperature=1.0, mode=mode)
             got: list = []
             trajs, _ = await run_rollouts(engine, codec, tasks, args.n_per_task, cfg, concurrency=args.concurrency,
                                           backend=args.sandbox, seed=args.seed,
-                                          on_done=lambda t: got.append((t, engine.take_calls())))
+                                          on_done=lambda t: got.append((t, engine.take_calls())),
+                                          loop=fallback_loop(args.fallback_command))
             calls = {(t.task, t.sample): c for t, c in got}
             out[mode] = [(t, calls.get((t.task, t.sample), [])) for t in trajs]
             stops = Counter(t.stop_reason.value for t in trajs)

@@ -70,7 +70,6 @@ def run(args: argparse.Namespace) -> int:
     from conch.engine.registry import build_engine, options_for_command
     from conch.model.init import cached_model
     from conch.preflight import check_model_dir
-    from conch.rl.stages import agent_config
     from conch.tasks.synth.trajectories import BASH_TOOL
 
     flags = (("concurrency", "ppo.concurrency"), ("sandbox", "run.sandbox"), ("mode", "agent.mode"),
@@ -86,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     conf = load_config(args.config, [*args.overrides, *(f"{key}={getattr(args, attr)}" for attr, key in flags
                                                          if getattr(args, attr) is not None)], preset=preset)
     model_dir = check_model_dir(args.model, "--model") if args.model else cached_model()
-    cfg = agent_config(conf)
+    cfg = conf.agent
     args.concurrency, args.sandbox, args.dtype = conf.ppo.concurrency, conf.run.sandbox, conf.model.sampler_dtype
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,6 @@ from conch.rl.figures import iteration_line, last_mismatch, make_summary
 from conch.rl.stages import (
     Corpus,
     EvalResult,
-    agent_config,
     build_corpus,
     evaluate,
     init_or_load_model,
@@ -210,7 +209,7 @@ def make_eval_engine(cfg: Config, run_dir: Path, policy: Any, tok: Any, model_di
 
 def make_rollout_source(cfg: Config, engine: Any, codec: Any, model_dir: Path) -> Any:
     """`cluster.backend`: this process's engine and sandboxes, or Ray rollout workers."""
-    agent = agent_config(cfg)
+    agent = cfg.agent
     verify_every = cfg.reward.verify_every if cfg.reward.mode == "progress" else 0
     if cfg.cluster.backend == "ray":
         from conch.cluster.ray_rollout import RayRolloutSource

@@ -126,6 +126,9 @@ class EngineConfig:
 
 @dataclass
 class AgentLoopConfig:
+    """`[agent]`: the agent loop's settings, and the very object the loop takes (conch/agent/loop.py); Ray
+    workers get it as a plain dict (`dataclasses.asdict`) and rebuild it."""
+
     max_turns: int = opt(300, "assistant turns per episode at most (terminal tasks take tens to hundreds; the "
                               "episode also ends at the context limit)", ge=1)
     max_new_tokens: int = opt(2048, "tokens per assistant turn at most: a guard against a runaway turn, not a "

@@ -35,29 +35,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def load_rollout_tasks(args: argparse.Namespace) -> list:
+    """The loadable tasks under --tasks (the others said on stderr); UsageError when none, or a bad --n-per-task."""
+    import sys
+    from pathlib import Path
+
+    from conch.cli import UsageError
+    from conch.preflight import check_task_dir
+    from conch.tasks.loader import load_tasks
+    from conch.tasks.model import TaskLoadError
+
+    for p in args.tasks:
+        check_task_dir(p, "--tasks")
+    tasks = load_tasks([Path(p) for p in args.tasks])
+    for t in tasks:
+        if isinstance(t, TaskLoadError):
+            print(f"skipping task {t.name}: {t}", file=sys.stderr)
+    tasks = [t for t in tasks if not isinstance(t, TaskLoadError)]
+    if not tasks:
+        raise UsageError(f"no loadable tasks under {' '.join(args.tasks)}")
+    if args.n_per_task < 1:
+        raise UsageError("--n-per-task must be at least 1")
+    return tasks
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import json
     import sys
     from pathlib import Path
 
-    from conch.cli import UsageError
-    from conch.tasks.loader import load_tasks
-    from conch.preflight import check_task_dir
-    from conch.tasks.model import TaskLoadError
-
-    for p in args.tasks:
-        check_task_dir(p, "--tasks")
-    tasks = load_tasks([Path(p) for p in args.tasks])
-    bad = [t for t in tasks if isinstance(t, TaskLoadError)]
-    for t in bad:
-        print(f"skipping task {t.name}: {t}", file=sys.stderr)
-    tasks = [t for t in tasks if not isinstance(t, TaskLoadError)]
-    if not tasks:
-        raise UsageError(f"no loadable tasks under {' '.join(args.tasks)}")
-    if args.n_per_task < 1:
-        raise UsageError("--n-per-task must be at least 1")
-
+    tasks = load_rollout_tasks(args)
     from conch.agent.rollout import progress_printer, run_rollouts, summarize
     from conch.progress import Progress
     from conch.report.hooks import outcome_info

@@ -28,7 +28,9 @@ _EXPORTS = {
     "ExecResult": "conch.sandbox", "verify_task": "conch.verify:verify", "VerifyResult": "conch.verify",
     "run_task": "conch.harness", "CheckResult": "conch.harness",
     # the agent loop and engines
-    "AgentConfig": "conch.agent.loop", "run_one": "conch.agent.rollout", "run_rollouts": "conch.agent.rollout",
+    "AgentLoopConfig": "conch.config", "run_one": "conch.agent.rollout", "run_rollouts": "conch.agent.rollout",
+    "run_episode": "conch.agent.episode", "PolicyAgent": "conch.agent.episode", "CommandAgent": "conch.agent.episode",
+    "NopAgent": "conch.agent.episode",
     "Trajectory": "conch.agent.trajectory", "ChatCodec": "conch.agent.tito",
     "Engine": "conch.engine.base", "SamplingParams": "conch.engine.base", "GenerateResult": "conch.engine.base",
     "HFEngine": "conch.engine.hf",
@@ -36,7 +38,7 @@ _EXPORTS = {
     # demonstrations, config, training and evaluation
     "split_script": "conch.tasks.demos", "demonstrate": "conch.tasks.demos", "read_sft_data": "conch.tasks.demos",
     "Config": "conch.config", "ConfigError": "conch.config", "load_config": "conch.config",
-    "train": "conch.rl.train", "evaluate": "conch.rl.stages", "agent_config": "conch.rl.stages",
+    "train": "conch.rl.train", "evaluate": "conch.rl.stages",
 }
 
 __all__ = ["__version__", *_EXPORTS]

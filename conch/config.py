@@ -129,6 +129,9 @@ class EngineConfig:
 
 @dataclass
 class AgentLoopConfig:
+    """`[agent]`: the agent loop's settings, and the very object the loop takes (conch/agent/loop.py); Ray
+    workers get it as a plain dict (`dataclasses.asdict`) and rebuild it."""
+
     max_turns: int = opt(300, "assistant turns per episode at most (terminal tasks take tens to hundreds; the "
                               "episode also ends at the context limit)", ge=1)
     max_new_tokens: int = opt(2048, "tokens per assistant turn at most: a guard against a runaway turn, not a "
@@ -143,8 +146,13 @@ class AgentLoopConfig:
     command_timeout: float = opt(30.0, "seconds per command", gt=0)
     temperature: float = opt(1.0, "sampling temperature for training rollouts", ge=0.0)
     top_p: float = opt(1.0, "nucleus sampling for training rollouts", gt=0.0, le=1.0)
+    top_k: int = opt(0, "top-k sampling for training rollouts (0: off, every token may be drawn)", ge=0)
     mode: str = opt("tito", "tito (exact sampled ids) or retokenize (naive loop, for comparison)",
                      choices=("tito", "retokenize"))
+    max_parse_errors: int = opt(3, "consecutive malformed turns (a tool call that does not parse) that end the "
+                                   "episode", ge=1)
+    agent_timeout: float = opt(0.0, "seconds an episode may act at most, turns and commands together (0: the "
+                                    "task's own [agent] timeout_sec)", ge=0.0)
 
 
 @dataclass

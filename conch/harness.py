@@ -1,9 +1,10 @@
-"""Harness agents and the task runner behind `conch check`.
+"""`conch check`'s scripted agents and its result: a `CheckResult` is a view of one episode's `Trajectory`.
 
 Why two scripted agents: `oracle` runs a task's reference solution, so a task whose oracle does not score
 n/n is broken (bad tests, bad environment, bad solution) and must not reach training; `nop` does nothing, so
 a task that nop already passes is vacuous. Together they are the sanity check every task, hand-written or
-synthesized, goes through.
+synthesized, goes through. They run through the one episode runner (`conch.agent.episode.run_episode`) and
+the one job executor (`conch.agent.executor.run_jobs`), as the policy's episodes do.
 
 `run_task` is total: whatever goes wrong (a TaskLoadError, a sandbox that will not build, an exception in
 the agent) comes back as a `CheckResult` with `error` set and `n_total` from the static test count, and the
@@ -12,22 +13,21 @@ sandbox is always stopped.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conch.sandbox import make_sandbox
-from conch.sandbox.base import Sandbox
-from conch.sandbox.network import granted
+from conch.agent.episode import SOLUTION_DIR, Agent, AgentError, CommandAgent, NopAgent, run_episode, sandbox_factory
+from conch.agent.executor import run_jobs
+from conch.agent.trajectory import Trajectory
 from conch.tasks.fields import check_tree
 from conch.tasks.model import Task, TaskLoadError
-from conch.verify import VerifyResult, verify
+from conch.verify import VerifyResult
 from conch.verify_parsers import static_test_count
 
 AGENTS = ("oracle", "nop")
-SOLUTION_DIR = "/solution"
+__all__ = ["AGENTS", "SOLUTION_DIR", "AgentError", "CheckResult", "Step", "check_agent", "run_task", "run_tasks"]
 
 
 @dataclass
@@ -67,56 +67,21 @@ class CheckResult:
             "seconds": round(self.seconds, 3),
         }
 
-
-class AgentError(RuntimeError):
-    """The agent could not act at all (e.g. the oracle of a task without a solution)."""
-
-
-def _output(stdout: str, stderr: str) -> str:
-    return stdout + ("\n" if stdout and stderr and not stdout.endswith("\n") else "") + stderr
-
-
-async def _run_commands(sandbox: Sandbox, commands: Sequence[str], timeout: float) -> list[Step]:
-    """Each command in one persistent shell, as an agent's turns, until `timeout` seconds have passed."""
-    deadline = time.monotonic() + timeout
-    steps: list[Step] = []
-    session = await sandbox.shell()
-    try:
-        for command in commands:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                steps.append(Step(command, "agent timeout reached; not run", None, True))
-                break
-            r = await session.run(command, timeout=remaining)
-            steps.append(Step(command, _output(r.stdout, r.stderr), r.exit_code, r.timed_out))
-    finally:
-        await session.close()
-    return steps
-
-
-async def run_oracle(sandbox: Sandbox, task: Task) -> list[Step]:
-    """Run the reference solution: a command list in one persistent shell, else the solution script."""
-    if task.solution_commands:
-        return await _run_commands(sandbox, task.solution_commands, task.agent_timeout_sec)
-    steps: list[Step] = []
-    script = task.solution_script
-    if script is None:
-        raise AgentError(f"{task.path}: no solution (solution/solve.sh, solution/commands.json, solution.sh or solution.yaml)")
-    if script.parent.name == "solution":  # Harbor: the whole solution/ folder, as Harbor mounts it
-        await sandbox.upload(script.parent, SOLUTION_DIR)
-    else:  # TB1: solution.sh alone (the task folder holds tests too)
-        await sandbox.upload(script, f"{SOLUTION_DIR}/{script.name}")
-    command = f"bash {SOLUTION_DIR}/{script.name}"
-    r = await sandbox.exec(command, timeout=task.agent_timeout_sec)
-    steps.append(Step(command, _output(r.stdout, r.stderr), r.exit_code, r.timed_out))
-    return steps
-
-
-async def run_nop(sandbox: Sandbox, task: Task) -> list[Step]:
-    return []
-
-
-_AGENT_FNS = {"oracle": run_oracle, "nop": run_nop}
+    @classmethod
+    def of(cls, task: Task, traj: Trajectory, result: VerifyResult | None) -> "CheckResult":
+        """The check of a command agent's episode: `result` is its verifier's (None when the episode failed
+        before a verdict). A reference solution that never finished is a broken task, whatever the tests say."""
+        seconds = traj.timings.get("total_seconds", 0.0)
+        steps = [Step(t.command or "", m["content"], t.exit_code, t.timed_out)
+                 for t, m in zip(traj.turns, traj.messages[1::2])]
+        if result is None:
+            return cls(task.name, 0, _static_total(task), None, traj.error, seconds, steps)
+        error, reward = result.error, result.reward
+        if traj.mode == "oracle" and steps and steps[-1].timed_out:
+            error = f"oracle solution timed out after {task.agent_timeout_sec:g}s" + (f"; {error}" if error else "")
+            reward = None
+        return cls(task=task.name, n_passed=result.n_passed, n_total=result.n_total, reward=reward, error=error,
+                   seconds=seconds, steps=steps, verify=result)
 
 
 def _static_total(task: Task | TaskLoadError) -> int:
@@ -129,6 +94,13 @@ def _static_total(task: Task | TaskLoadError) -> int:
         return 0
 
 
+def check_agent(agent: str | Sequence[str]) -> Agent:
+    """A scripted agent's name (oracle, nop) or a list of commands, as the agent that acts."""
+    if isinstance(agent, str):
+        return CommandAgent.oracle() if agent == "oracle" else NopAgent()
+    return CommandAgent(agent)
+
+
 async def run_task(task: Task | TaskLoadError, agent: str | Sequence[str] = "oracle",
                    backend: str = "local", network: str = "never") -> CheckResult:
     """Build the task's sandbox, let `agent` act, verify, stop the sandbox. Never raises (except cancellation).
@@ -137,51 +109,15 @@ async def run_task(task: Task | TaskLoadError, agent: str | Sequence[str] = "ora
     demonstration that is not the reference solution).
     """
     start = time.monotonic()
-    steps: list[Step] = []
-
-    def failed(message: str) -> CheckResult:
-        return CheckResult(task.name, 0, _static_total(task), None, message, time.monotonic() - start, steps)
-
     if isinstance(task, TaskLoadError):
-        return failed(f"task did not load: {task}")
-    if isinstance(agent, str) and agent not in _AGENT_FNS:
-        return failed(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")
-    sandbox: Sandbox | None = None
-    try:
-        sandbox = make_sandbox(backend, task.sandbox_spec(), registries=granted(network, task.allow_internet))
-        await sandbox.start()
-        try:
-            if isinstance(agent, str):
-                steps.extend(await _AGENT_FNS[agent](sandbox, task))
-            else:
-                steps.extend(await _run_commands(sandbox, agent, task.agent_timeout_sec))
-        except AgentError as exc:
-            return failed(f"agent {agent}: {exc}")
-        result = await verify(sandbox, task)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        return failed(f"{type(exc).__name__}: {exc}")
-    finally:
-        if sandbox is not None:
-            try:
-                await sandbox.stop()
-            except Exception:
-                pass
-    error, reward = result.error, result.reward
-    if agent == "oracle" and steps and steps[-1].timed_out:  # a solution that never finished is a broken task
-        error = f"oracle solution timed out after {task.agent_timeout_sec:g}s" + (f"; {error}" if error else "")
-        reward = None
-    return CheckResult(
-        task=task.name,
-        n_passed=result.n_passed,
-        n_total=result.n_total,
-        reward=reward,
-        error=error,
-        seconds=time.monotonic() - start,
-        steps=steps,
-        verify=result,
-    )
+        return CheckResult(task.name, 0, _static_total(task), None, f"task did not load: {task}",
+                           time.monotonic() - start)
+    if isinstance(agent, str) and agent not in AGENTS:
+        return CheckResult(task.name, 0, _static_total(task), None,
+                           f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}", time.monotonic() - start)
+    verdicts: list[VerifyResult] = []
+    traj = await run_episode(task, check_agent(agent), sandbox_factory(backend, network), on_verify=verdicts.append)
+    return CheckResult.of(task, traj, verdicts[0] if verdicts else None)
 
 
 async def run_tasks(
@@ -193,13 +129,4 @@ async def run_tasks(
     network: str = "never",
 ) -> list[CheckResult]:
     """`run_task` over `tasks`, at most `jobs` at a time; results in input order, `on_result` as each ends."""
-    gate = asyncio.Semaphore(max(1, jobs))
-
-    async def one(task: Task | TaskLoadError) -> CheckResult:
-        async with gate:
-            result = await run_task(task, agent, backend, network)
-        if on_result is not None:
-            on_result(result)
-        return result
-
-    return list(await asyncio.gather(*(one(t) for t in tasks)))
+    return await run_jobs(tasks, lambda task: run_task(task, agent, backend, network), jobs, on_result)

@@ -18,13 +18,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conch.agent.loop import AgentConfig, run_episode
+from conch.agent.loop import run_loop
 from conch.agent.scripted import ScriptedEngine, tool_call_text
 from conch.agent.tito import ChatCodec
 from conch.agent.trajectory import StopReason, Trajectory
+from conch.bench.agents import fallback_loop
+from conch.config import AgentLoopConfig
 from conch.tasks.synth.trajectories import BASH_TOOL, SYSTEM_PROMPT
 
 REPO = Path(__file__).resolve().parents[1]
+# The [agent] settings these tests were written with, under each test's own (a fixed context and budgets,
+# whatever the config's defaults are).
+LOOP = {"max_turns": 300, "max_context": 32768, "max_new_tokens": 256, "obs_token_budget": 512,
+        "command_timeout": 60.0}
+
+
+def agent(**fields) -> AgentLoopConfig:
+    return AgentLoopConfig(**{**LOOP, **fields})
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +46,7 @@ def codec() -> ChatCodec:
     return ChatCodec(AutoTokenizer.from_pretrained(cached_model()), tools=[BASH_TOOL])
 
 
-def episode(engine, codec, cfg: AgentConfig, instruction: str = "Do the task.", agent_timeout: float = 900.0,
+def episode(engine, codec, cfg: AgentLoopConfig, instruction: str = "Do the task.", agent_timeout: float = 900.0,
             seed: int | None = 0) -> Trajectory:
     """One episode in a fresh local sandbox (bare base root)."""
     from conch.sandbox import SandboxSpec, make_sandbox
@@ -47,8 +57,8 @@ def episode(engine, codec, cfg: AgentConfig, instruction: str = "Do the task.", 
         try:
             shell = await sb.shell()
             traj = Trajectory(task="t", sample=0, mode=cfg.mode)
-            await run_episode(engine, codec, shell, SYSTEM_PROMPT, instruction, cfg, traj, seed=seed,
-                              agent_timeout=agent_timeout)
+            await run_loop(engine, codec, shell, SYSTEM_PROMPT, instruction, cfg, traj, seed=seed,
+                           agent_timeout=agent_timeout)
             await shell.close()
             return traj
         finally:
@@ -91,7 +101,7 @@ def test_300_turn_trajectory_in_a_real_sandbox(base_root, codec):
         return call_ids(codec, f"echo step {turn}; cd /tmp")
 
     engine = ScriptedEngine(policy)
-    traj = episode(engine, codec, AgentConfig(max_turns=300))
+    traj = episode(engine, codec, agent(max_turns=300))
     assert traj.error is None
     assert traj.stop_reason == StopReason.MAX_TURNS
     assert len(traj.turns) == 300 and len(engine.calls) == 300
@@ -109,7 +119,7 @@ def test_300_turn_trajectory_in_a_real_sandbox(base_root, codec):
 
 def test_1000_turns(base_root, codec):
     engine = ScriptedEngine(lambda turn, history: call_ids(codec, ":"), num_experts=0)
-    traj = episode(engine, codec, AgentConfig(max_turns=1000, max_context=200_000))
+    traj = episode(engine, codec, agent(max_turns=1000, max_context=200_000))
     assert traj.stop_reason == StopReason.MAX_TURNS and traj.error is None
     assert len(traj.turns) == 1000 and all(t.exit_code == 0 for t in traj.turns)
     assert sum(traj.mask) == sum(len(c.sampled) for c in engine.calls)
@@ -123,7 +133,7 @@ def scripted(*turns: list[int]) -> ScriptedEngine:
 
 def test_answer_without_tool_call_finishes(base_root, codec):
     engine = scripted(call_ids(codec, "echo hi"), codec.encode("The task is done.") + [codec.end_id])
-    traj = episode(engine, codec, AgentConfig())
+    traj = episode(engine, codec, agent())
     assert traj.stop_reason == StopReason.FINISHED and len(traj.turns) == 2
     assert traj.messages[-1] == {"role": "assistant", "content": "The task is done."}
     check_alignment(traj, engine)
@@ -132,14 +142,14 @@ def test_answer_without_tool_call_finishes(base_root, codec):
 
 def test_submit_tool_ends_the_episode(base_root, codec):
     engine = scripted(call_ids(codec, "echo hi"), call_ids(codec, None, "submit"), call_ids(codec, "echo never"))
-    traj = episode(engine, codec, AgentConfig())
+    traj = episode(engine, codec, agent())
     assert traj.stop_reason == StopReason.SUBMITTED and len(traj.turns) == 2
     assert traj.turns[1].command is None
 
 
 def test_context_limit(base_root, codec):
     engine = ScriptedEngine(lambda turn, history: call_ids(codec, "seq 1 50"))
-    cfg = AgentConfig(max_context=1500, max_new_tokens=64)
+    cfg = agent(max_context=1500, max_new_tokens=64)
     traj = episode(engine, codec, cfg)
     assert traj.stop_reason == StopReason.CONTEXT
     assert 1 <= len(traj.turns) < 30
@@ -147,13 +157,13 @@ def test_context_limit(base_root, codec):
     assert all(len(h) <= cfg.max_context for h in engine.closed.values())
     # The engine's own context is a limit too.
     engine = ScriptedEngine(lambda turn, history: call_ids(codec, "true"), max_positions=1200)
-    traj = episode(engine, codec, AgentConfig(max_new_tokens=64))
+    traj = episode(engine, codec, agent(max_new_tokens=64))
     assert traj.stop_reason == StopReason.CONTEXT and all(len(h) <= 1200 for h in engine.closed.values())
 
 
 def test_agent_timeout_interrupts_a_long_command(base_root, codec):
     engine = ScriptedEngine(lambda turn, history: call_ids(codec, "sleep 30"))
-    traj = episode(engine, codec, AgentConfig(), agent_timeout=2.0)
+    traj = episode(engine, codec, agent(), agent_timeout=2.0)
     assert traj.stop_reason == StopReason.TIMEOUT
     assert traj.turns[0].timed_out and traj.turns[0].exit_code is None
     assert traj.timings["episode_seconds"] < 15
@@ -164,7 +174,7 @@ def test_invalid_tool_calls_get_error_observations_then_stop(base_root, codec):
     bad_json = codec.encode("<tool_call>\n{not json}\n</tool_call>") + [codec.end_id]
     unknown = codec.encode('<tool_call>\n{"name": "python", "arguments": {}}\n</tool_call>') + [codec.end_id]
     engine = scripted(bad_json, call_ids(codec, "echo recovered"), bad_json, unknown, bad_json, call_ids(codec, "x"))
-    traj = episode(engine, codec, AgentConfig(max_parse_errors=3))
+    traj = episode(engine, codec, agent(max_parse_errors=3))
     assert traj.stop_reason == StopReason.PARSE_ERRORS and traj.error is None
     assert len(traj.turns) == 5
     assert "not valid JSON" in traj.turns[0].parse_error and traj.turns[1].parse_error is None
@@ -180,7 +190,7 @@ def test_engine_failure_is_a_stop_reason_not_a_crash(base_root, codec):
             raise RuntimeError("engine exploded")
         return call_ids(codec, "echo ok")
 
-    traj = episode(ScriptedEngine(policy), codec, AgentConfig())
+    traj = episode(ScriptedEngine(policy), codec, agent())
     assert traj.stop_reason == StopReason.ERROR and "engine exploded" in traj.error
     assert len(traj.turns) == 2 and len(traj.tokens) == len(traj.mask) == len(traj.logprobs)
 
@@ -188,7 +198,7 @@ def test_engine_failure_is_a_stop_reason_not_a_crash(base_root, codec):
 def test_observation_truncated_to_token_budget_and_control_tokens_neutralized(base_root, codec):
     cmd = "seq 1 5000; printf '<|im_%s|>\\n' end"
     engine = scripted(call_ids(codec, cmd), codec.encode("done") + [codec.end_id])
-    traj = episode(engine, codec, AgentConfig(obs_token_budget=64))
+    traj = episode(engine, codec, agent(obs_token_budget=64))
     obs = traj.messages[3]["content"]
     assert obs.startswith("1\n2\n") and "tokens truncated" in obs and obs.endswith("[exit code: 0]")
     assert "<|im_end|>" not in obs and "im_end" in obs
@@ -233,8 +243,9 @@ def test_tito_with_the_real_tiny_engine(base_root, codec):
         try:
             shell = await sb.shell()
             traj = Trajectory(task="t", sample=0)
-            cfg = AgentConfig(max_turns=4, max_new_tokens=24, fallback_command="echo fallback")
-            await run_episode(rec, codec, shell, SYSTEM_PROMPT, "Say hi.", cfg, traj, seed=3)
+            cfg = agent(max_turns=4, max_new_tokens=24)
+            await run_loop(rec, codec, shell, SYSTEM_PROMPT, "Say hi.", cfg, traj, seed=3,
+                           loop=fallback_loop("echo fallback"))
         finally:
             await sb.stop()
             await engine.aclose()
@@ -263,7 +274,7 @@ def test_run_rollouts_solves_a_task_with_a_scripted_policy(base_root, codec, tmp
                           codec.encode("Done.") + [codec.end_id])
     out = tmp_path / "trajs.jsonl"
     done = []
-    trajs, stats = asyncio.run(run_rollouts(good, codec, [task], 2, AgentConfig(), concurrency=2, seed=1, out=out,
+    trajs, stats = asyncio.run(run_rollouts(good, codec, [task], 2, agent(), concurrency=2, seed=1, out=out,
                                             on_done=done.append))
     assert [t.sample for t in trajs] == [0, 1] and len(done) == 2
     for t in trajs:

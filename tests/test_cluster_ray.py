@@ -1,8 +1,8 @@
 """Rollouts on a real local Ray cluster: two raylets with different custom resources, real sandboxes, the real
 tiny HF engine in every worker. Nothing about Ray is mocked.
 
-The tiny model is randomly initialised and never emits a tool call, so episodes use the agent's
-`fallback_command` (a short sleep): each turn still samples real tokens and runs a real command in the box.
+The tiny model is randomly initialised and never emits a tool call, so episodes use the benchmarks' loop
+(`conch.bench.agents.FallbackLoop`, a short sleep per turn): each turn still samples real tokens and runs a real command in the box.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray", reason="ray is not installed (make install pins it)")
 
-from conch.agent.loop import AgentConfig  # noqa: E402
+from conch.bench.agents import fallback_spec  # noqa: E402
 from conch.cluster.ray_rollout import RayRolloutSource  # noqa: E402
-from conch.config import ClusterConfig  # noqa: E402
+from conch.config import AgentLoopConfig, ClusterConfig  # noqa: E402
 from conch.engine.registry import EngineOptions  # noqa: E402
 from conch.tasks.loader import load_tasks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-AGENT = AgentConfig(max_turns=2, max_new_tokens=8, max_context=1024, command_timeout=20,
-                    fallback_command="sleep 0.3; echo ok")
+AGENT = AgentLoopConfig(max_turns=2, max_new_tokens=8, max_context=1024, command_timeout=20, obs_token_budget=512)
+COMMAND = "sleep 0.3; echo ok"  # every turn's command (the model emits no tool call)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def tasks():
 def source(model_dir: Path, workers: int = 2, slots: int = 2) -> RayRolloutSource:
     cfg = ClusterConfig(backend="ray", address="auto", rollout_workers=workers, sandboxes_per_worker=slots,
                         worker_cpus=0.5, worker_resources={"sandbox_node": 1}, start_timeout=180)
-    return RayRolloutSource(model_dir, EngineOptions(), AGENT, cfg)
+    return RayRolloutSource(model_dir, EngineOptions(), AGENT, cfg, loop=fallback_spec(COMMAND))
 
 
 def pairs(trajs) -> list[tuple[str, int]]:
@@ -72,7 +72,7 @@ def test_workers_land_on_sandbox_nodes_and_return_each_pair_once(cluster, tasks)
     assert pairs(trajs) == [(t.name, k) for t in tasks for k in range(3)]
     assert stats.trajectories == 6 and stats.sampled_tokens > 0
     assert all(t.error is None for t in trajs), [t.error for t in trajs]
-    assert all(t.turns and t.turns[0].command == AGENT.fallback_command for t in trajs)
+    assert all(t.turns and t.turns[0].command == COMMAND for t in trajs)
     # each sampled token came back with its sampler log-prob and its experts
     t = trajs[0]
     assert t.routed_experts is not None and t.routed_experts.shape[0] == len(t.tokens)

@@ -80,7 +80,9 @@ def test_agent_loop_with_your_own_engine(tmp_path, base_root):
     codec = conch.ChatCodec(AutoTokenizer.from_pretrained(cached_model()), tools=[conch.BASH_TOOL])
     engine = ReplayEngine(codec, conch.split_script(task.solution_script.read_text()))
     assert isinstance(engine, conch.Engine)
-    traj = asyncio.run(conch.run_one(engine, codec, task, 0, conch.AgentConfig(max_turns=10)))
+    cfg = conch.AgentLoopConfig(max_turns=10, max_context=32768, max_new_tokens=256, obs_token_budget=512,
+                                command_timeout=60.0)
+    traj = asyncio.run(conch.run_one(engine, codec, task, 0, cfg))
     assert traj.error is None, traj.error
     assert [t.command for t in traj.turns][:2] == ["mkdir -p /app/out", "cd /app/out"]
     assert (traj.n_passed, traj.n_total) == (2, 2)

@@ -144,12 +144,13 @@ def test_max_context_zero_is_the_models(tmp_path):
 
 
 def test_agent_loop_takes_the_engines_context_when_max_context_is_zero():
-    from conch.agent.loop import AgentConfig, context_limit
+    from conch.agent.loop import context_limit
+    from conch.config import AgentLoopConfig
 
     engine = type("Engine", (), {"max_positions": 1000})()
-    assert context_limit(engine, AgentConfig(max_context=0)) == 1000
-    assert context_limit(engine, AgentConfig(max_context=300)) == 300
-    assert context_limit(engine, AgentConfig(max_context=4000)) == 1000
+    assert context_limit(engine, AgentLoopConfig(max_context=0)) == 1000
+    assert context_limit(engine, AgentLoopConfig(max_context=300)) == 300
+    assert context_limit(engine, AgentLoopConfig(max_context=4000)) == 1000
 
 
 def test_sft_examples_are_uncut_at_max_context_zero():

@@ -163,10 +163,10 @@ def _scripted_rollouts(run: Path, out: Path) -> list[str]:
     """Replay the run's expert commands with ScriptedEngine through the real rollout stack, into `out`."""
     from transformers import AutoTokenizer
 
-    from conch.agent.loop import AgentConfig
     from conch.agent.rollout import run_rollouts
     from conch.agent.scripted import ScriptedEngine, tool_call_text
     from conch.agent.tito import ChatCodec
+    from conch.config import AgentLoopConfig
     from conch.rl.stages import load_task_list
     from conch.tasks.synth.trajectories import BASH_TOOL
 
@@ -187,7 +187,8 @@ def _scripted_rollouts(run: Path, out: Path) -> list[str]:
         return codec.encode("Done.") + [codec.end_id]
 
     engine = ScriptedEngine(policy)
-    asyncio.run(run_rollouts(engine, codec, [tasks[c["task"]] for c in chats], 1, AgentConfig(max_turns=6),
+    asyncio.run(run_rollouts(engine, codec, [tasks[c["task"]] for c in chats], 1, AgentLoopConfig(max_turns=6, max_context=32768, max_new_tokens=256, obs_token_budget=512,
+                                                        command_timeout=60.0),
                              concurrency=2, out=out))
     return [cmd for cmds in commands for cmd in cmds]
 

@@ -13,10 +13,11 @@ import copy
 
 import pytest
 
-from conch.agent.loop import AgentConfig, run_episode
+from conch.agent.loop import run_loop
 from conch.agent.scripted import ScriptedEngine, tool_call_text
 from conch.agent.tito import ChatCodec
 from conch.agent.trajectory import DriftKind, StopReason, Trajectory
+from conch.config import AgentLoopConfig
 from conch.tasks.synth.trajectories import BASH_TOOL, SYSTEM_PROMPT
 
 
@@ -47,7 +48,9 @@ def run(codec: ChatCodec, turns: list[list[int]], mode: str = "tito") -> tuple[T
         try:
             shell = await sb.shell()
             traj = Trajectory(task="t", sample=0, mode=mode)
-            await run_episode(engine, codec, shell, SYSTEM_PROMPT, "List the files.", AgentConfig(mode=mode), traj)
+            cfg = AgentLoopConfig(mode=mode, max_turns=300, max_context=32768, max_new_tokens=256,
+                                  obs_token_budget=512, command_timeout=60.0)
+            await run_loop(engine, codec, shell, SYSTEM_PROMPT, "List the files.", cfg, traj)
             return traj
         finally:
             await sb.stop()

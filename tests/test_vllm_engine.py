@@ -100,8 +100,9 @@ def test_agent_loop_trajectory_rows_are_the_routers(vllm_server, reference, base
     """A TITO episode (real local sandbox, 3 turns) over vLLM: one request per turn, and the trajectory's rows equal
     the HF router's on every token up to the last sampled one, which (like the final observation, never fed) is
     -1: the row no loss reads (conch/engine/base.py)."""
-    from conch.agent.loop import AgentConfig, run_episode
-    from conch.agent.rollout import system_prompt
+    from conch.agent.episode import system_prompt
+    from conch.agent.loop import run_loop
+    from conch.bench.agents import bench_agent, fallback_loop
     from conch.agent.tito import ChatCodec
     from conch.agent.trajectory import Trajectory
     from conch.sandbox import SandboxSpec, make_sandbox
@@ -113,9 +114,9 @@ def test_agent_loop_trajectory_rows_are_the_routers(vllm_server, reference, base
         await sb.start()
         try:
             traj = Trajectory(task="t", sample=0)
-            cfg = AgentConfig(max_turns=3, max_new_tokens=12, fallback_command="echo hi")
-            await run_episode(eng, ChatCodec(eng.tokenizer, tools=[BASH_TOOL]), await sb.shell(), system_prompt(),
-                              "Say hi.", cfg, traj, seed=5)
+            cfg = bench_agent(max_turns=3, max_new_tokens=12)
+            await run_loop(eng, ChatCodec(eng.tokenizer, tools=[BASH_TOOL]), await sb.shell(), system_prompt(),
+                           "Say hi.", cfg, traj, seed=5, loop=fallback_loop("echo hi"))
             return traj, dict(eng.stats)
         finally:
             await sb.stop()

@@ -3,41 +3,28 @@
 One episode = one engine session (its KV cache spans every turn) + one sandbox with one persistent shell. In
 `tito` mode the trajectory is built from the exact ids the engine sampled plus the template deltas conch
 inserted (see `tito.py`). In `retokenize` mode the whole conversation is re-rendered and re-tokenized every turn
-and the engine re-prefills it from scratch, as naive loops do; it exists to measure what TITO saves. Both modes
-run the same drift checks on the same bookkeeping, so their drift counts compare directly, and with no drift
-their token sequences are identical.
+and the engine re-prefills it from scratch, as naive loops do; it exists to measure what TITO saves. The two
+modes are two token strategies (`TitoTokens`, `RetokenizeTokens`) under one loop: both run the same drift
+checks on the same bookkeeping, so their drift counts compare directly, and with no drift their token
+sequences are identical.
+
+The loop takes the config's `[agent]` section (`conch.config.AgentLoopConfig`) itself: there is no second
+agent config type. A subclass may override `AgentLoop.idle_call` (what a turn without a runnable tool call
+runs instead of ending the episode); production never does, benchmarks do (conch/bench/agents.py).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from conch.agent.tito import ChatCodec, TokenBuilder, assistant_bodies
 from conch.agent.toolcall import ToolCall, ToolCallError, parse_turn
 from conch.agent.trajectory import StopReason, Trajectory, Turn
-from conch.engine.base import Engine, SamplingParams
+from conch.config import AgentLoopConfig
+from conch.engine.base import Engine, GenerateResult, SamplingParams
 
 MODES = ("tito", "retokenize")
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    max_turns: int = 300
-    max_context: int = 32768  # tokens (0: the engine's `max_positions`); never above the engine's `max_positions`
-    max_new_tokens: int = 256  # per assistant turn
-    obs_token_budget: int = 512  # observation tokens kept (head and tail)
-    command_timeout: float = 60.0
-    max_parse_errors: int = 3  # consecutive malformed turns before stopping
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    mode: str = "tito"  # or "retokenize"
-    agent_timeout: float | None = None  # seconds; None: the task's own
-    # Benchmarks only: a turn without a runnable tool call runs this command instead of ending the episode (a
-    # randomly initialised model never emits tool calls). The turn's ids are still exactly what was sampled.
-    fallback_command: str | None = None
 
 
 def truncate_tokens(codec: ChatCodec, text: str, budget: int) -> str:
@@ -64,145 +51,206 @@ def observation_text(codec: ChatCodec, output: str, exit_code: int | None, timed
 VerifyHook = Callable[[int], Awaitable[None]]
 
 
-def context_limit(engine: Engine, cfg: AgentConfig) -> int:
+def context_limit(engine: Engine, cfg: AgentLoopConfig) -> int:
     from conch.model.context import context_length
 
     return context_length(cfg.max_context, getattr(engine, "max_positions", None))
 
 
-async def run_episode(
-    engine: Engine,
-    codec: ChatCodec,
-    shell: Any,
-    system_prompt: str,
-    instruction: str,
-    cfg: AgentConfig,
-    traj: Trajectory,
-    seed: int | None = None,
-    agent_timeout: float = 900.0,
-    on_turn: VerifyHook | None = None,
-) -> Trajectory:
-    """Run one episode in an already started shell; fills `traj` (tokens, messages, turns, stop reason).
+class TitoTokens:
+    """Token-in, token-out: one engine session for the whole episode, fed only the ids conch inserted."""
+
+    def __init__(self, engine: Engine, codec: ChatCodec, tb: TokenBuilder) -> None:
+        self.engine, self.codec, self.tb = engine, codec, tb
+        self.session: int | None = None
+
+    async def open(self) -> None:
+        self.session = await self.engine.open_session([])
+
+    def prompt_length(self, messages: list[dict]) -> int:
+        return len(self.tb.tokens)
+
+    async def generate(self, sampling: SamplingParams) -> GenerateResult:
+        res = await self.engine.generate(self.session, self.tb.take_pending(), sampling)
+        self.tb.add_routing(res.routed_experts)
+        return res
+
+    def record(self, turn: Turn, res: GenerateResult) -> None:
+        pass
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.engine.close_session(self.session)
+            self.session = None
+
+    def finish(self, traj: Trajectory, messages: list[dict]) -> None:
+        traj.tokens, traj.mask, traj.logprobs = self.tb.tokens, self.tb.mask, self.tb.logprobs
+        traj.routed_experts = self.tb.routed_experts()
+
+
+class RetokenizeTokens(TitoTokens):
+    """The naive loop: the conversation re-rendered and re-tokenized every turn, re-prefilled in a fresh session."""
+
+    def __init__(self, engine: Engine, codec: ChatCodec, tb: TokenBuilder) -> None:
+        super().__init__(engine, codec, tb)
+        self.prompt: list[int] = []
+
+    async def open(self) -> None:
+        pass  # a session per turn, opened in `generate`
+
+    def prompt_length(self, messages: list[dict]) -> int:
+        self.prompt = self.codec.encode(self.codec.render(messages, add_generation_prompt=True))
+        return len(self.prompt)
+
+    async def generate(self, sampling: SamplingParams) -> GenerateResult:
+        self.tb.take_pending()  # kept in the bookkeeping (drift checks), never fed: the prompt is re-tokenized
+        await self.close()
+        self.session = await self.engine.open_session(self.prompt)
+        return await self.engine.generate(self.session, [], sampling)
+
+    def record(self, turn: Turn, res: GenerateResult) -> None:
+        turn.sampled_ids = list(res.token_ids)
+
+    def finish(self, traj: Trajectory, messages: list[dict]) -> None:
+        _finish_retokenized(traj, self.tb, self.codec, messages)
+
+
+TOKEN_STRATEGIES = {"tito": TitoTokens, "retokenize": RetokenizeTokens}
+
+
+class AgentLoop:
+    """One episode in an already started shell; `run()` fills `traj` (tokens, messages, turns, stop reason).
 
     `on_turn(turn_index)` is awaited after each executed tool call (reward mode `progress` measures there).
     Engine and shell failures end the episode with StopReason.ERROR and `traj.error`; nothing is raised.
     """
-    if cfg.mode not in MODES:
-        raise ValueError(f"AgentConfig.mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
-    messages: list[dict] = [{"role": "system", "content": system_prompt}, {"role": "user", "content": instruction}]
-    routing_shape = (engine.num_moe_layers, engine.top_k) if engine.num_experts else None
-    tb = TokenBuilder(codec, routing_shape)
-    tb.insert(codec.encode(codec.render(messages, add_generation_prompt=True)))
-    retok = cfg.mode == "retokenize"
-    limit = context_limit(engine, cfg)
-    session: int | None = None
-    t0 = time.monotonic()
-    parse_errors = 0
-    stop = StopReason.MAX_TURNS
-    try:
-        if not retok:
-            session = await engine.open_session([])
-        for turn_idx in range(cfg.max_turns):
-            if time.monotonic() - t0 > agent_timeout:
-                stop = StopReason.TIMEOUT
-                break
-            prompt = codec.encode(codec.render(messages, add_generation_prompt=True)) if retok else None
-            if (len(prompt) if retok else len(tb.tokens)) + cfg.max_new_tokens > limit:
-                stop = StopReason.CONTEXT
-                break
-            sampling = SamplingParams(
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                top_k=cfg.top_k,
-                max_new_tokens=cfg.max_new_tokens,
-                stop_token_ids=codec.stop_ids,
-                seed=None if seed is None else seed * 100_003 + turn_idx,
-            )
-            fed = tb.take_pending()
-            if retok:  # the naive loop: a fresh session over the re-tokenized conversation every turn
-                if session is not None:
-                    await engine.close_session(session)
-                    session = None
-                session = await engine.open_session(prompt)
-                res = await engine.generate(session, [], sampling)
-            else:
-                res = await engine.generate(session, fed, sampling)
-                tb.add_routing(res.routed_experts)
-            start, end = tb.add_sampled(res.token_ids, res.logprobs)
-            turn = Turn(start=start, end=end, finish_reason=res.finish_reason, gen_seconds=res.seconds)
-            traj.turns.append(turn)
-            if retok:
-                turn.sampled_ids = list(res.token_ids)
-            text = tb.close_turn(res.token_ids, res.finish_reason)
-            calls: tuple[ToolCall, ...] = ()
-            content = codec.neutralize(text)
-            try:
-                parsed = parse_turn(text)
-            except ToolCallError as exc:
-                parse_errors += 1
-                turn.parse_error = str(exc)
-                messages.append({"role": "assistant", "content": content})
-                tool_msgs = [{"role": "tool", "content": f"Error: {exc}"}]
-                if parse_errors >= cfg.max_parse_errors and cfg.fallback_command is None:
-                    turn.drift = tb.take_turn_drift()
-                    stop = StopReason.PARSE_ERRORS
+
+    def __init__(self, engine: Engine, codec: ChatCodec, shell: Any, system_prompt: str, instruction: str,
+                 cfg: AgentLoopConfig, traj: Trajectory, seed: int | None = None, agent_timeout: float = 900.0,
+                 on_turn: VerifyHook | None = None) -> None:
+        if cfg.mode not in MODES:
+            raise ValueError(f"agent.mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
+        self.engine, self.codec, self.shell, self.cfg, self.traj = engine, codec, shell, cfg, traj
+        self.seed, self.agent_timeout, self.on_turn = seed, agent_timeout, on_turn
+        self.messages: list[dict] = [{"role": "system", "content": system_prompt},
+                                     {"role": "user", "content": instruction}]
+        routing_shape = (engine.num_moe_layers, engine.top_k) if engine.num_experts else None
+        self.tb = TokenBuilder(codec, routing_shape)
+        self.tb.insert(codec.encode(codec.render(self.messages, add_generation_prompt=True)))
+        self.tokens = TOKEN_STRATEGIES[cfg.mode](engine, codec, self.tb)
+        self.parse_errors = 0
+        self.t0 = time.monotonic()
+
+    def idle_call(self) -> ToolCall | None:
+        """What a turn without a runnable tool call runs instead of ending the episode: nothing (it ends)."""
+        return None
+
+    async def run(self) -> Trajectory:
+        cfg, traj, tb = self.cfg, self.traj, self.tb
+        limit = context_limit(self.engine, cfg)
+        self.t0 = time.monotonic()
+        stop: StopReason | None = StopReason.MAX_TURNS
+        try:
+            await self.tokens.open()
+            for turn_idx in range(cfg.max_turns):
+                if time.monotonic() - self.t0 > self.agent_timeout:
+                    stop = StopReason.TIMEOUT
+                    break
+                if self.tokens.prompt_length(self.messages) + cfg.max_new_tokens > limit:
+                    stop = StopReason.CONTEXT
+                    break
+                stop = await self.turn(turn_idx)
+                if stop is not None:
                     break
             else:
-                parse_errors = 0
-                msg: dict[str, Any] = {"role": "assistant", "content": codec.neutralize(parsed.content)}
-                if parsed.calls:
-                    msg["tool_calls"] = [c.to_message() for c in parsed.calls]
-                messages.append(msg)
-                tb.check_template(messages, text)
-                calls = parsed.calls
-                tool_msgs = []
-                if any(c.name == "submit" for c in calls):
-                    turn.drift = tb.take_turn_drift()
-                    stop = StopReason.SUBMITTED
-                    break
-                if not calls and cfg.fallback_command is None:
-                    turn.drift = tb.take_turn_drift()
-                    stop = StopReason.FINISHED
-                    break
-            if not calls and cfg.fallback_command is not None:
-                calls, tool_msgs = (ToolCall("bash", cfg.fallback_command),), []
-            if calls:
-                t_env = time.monotonic()
-                for call in calls:
-                    remaining = max(1.0, min(cfg.command_timeout, agent_timeout - (time.monotonic() - t0)))
-                    r = await shell.run(call.command, timeout=remaining)
-                    output = r.stdout + (r.stderr if r.stderr else "")
-                    obs = observation_text(codec, truncate_tokens(codec, output, cfg.obs_token_budget), r.exit_code,
-                                           r.timed_out)
-                    tool_msgs.append({"role": "tool", "content": obs})
-                    turn.command, turn.exit_code, turn.timed_out = call.command, r.exit_code, r.timed_out
-                turn.env_seconds = time.monotonic() - t_env
-                if on_turn is not None:
-                    await on_turn(turn_idx)
-            with_assistant = list(messages)
-            messages.extend(tool_msgs)
-            tb.insert(tb.observation_ids(with_assistant, messages))
+                stop = StopReason.MAX_TURNS
+        except Exception as exc:  # engine or sandbox failure: keep what we have, say why
+            stop = StopReason.ERROR
+            traj.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            await self.tokens.close()
+        traj.stop_reason = stop
+        traj.messages = self.messages
+        traj.timings["episode_seconds"] = time.monotonic() - self.t0
+        if stop != StopReason.ERROR:
+            tb.close_episode(self.messages)
+            if traj.turns:
+                traj.turns[-1].drift += tb.take_turn_drift()
+        traj.drift.update(tb.drift)
+        self.tokens.finish(traj, self.messages)
+        return traj
+
+    async def turn(self, turn_idx: int) -> StopReason | None:
+        """One assistant turn and its tool calls; the reason the episode stops here, or None."""
+        cfg, tb = self.cfg, self.tb
+        sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                                  max_new_tokens=cfg.max_new_tokens, stop_token_ids=self.codec.stop_ids,
+                                  seed=None if self.seed is None else self.seed * 100_003 + turn_idx)
+        res = await self.tokens.generate(sampling)
+        start, end = tb.add_sampled(res.token_ids, res.logprobs)
+        turn = Turn(start=start, end=end, finish_reason=res.finish_reason, gen_seconds=res.seconds)
+        self.traj.turns.append(turn)
+        self.tokens.record(turn, res)
+        text = tb.close_turn(res.token_ids, res.finish_reason)
+        calls, tool_msgs, stop = self.parse(text, turn)
+        if not calls and stop != StopReason.SUBMITTED:
+            idle = self.idle_call()
+            if idle is not None:
+                calls, tool_msgs, stop = (idle,), [], None
+        if stop is not None:
             turn.drift = tb.take_turn_drift()
-    except Exception as exc:  # engine or sandbox failure: keep what we have, say why
-        stop = StopReason.ERROR
-        traj.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        if session is not None:
-            await engine.close_session(session)
-    traj.stop_reason = stop
-    traj.messages = messages
-    traj.timings["episode_seconds"] = time.monotonic() - t0
-    if stop != StopReason.ERROR:
-        tb.close_episode(messages)
-        if traj.turns:
-            traj.turns[-1].drift += tb.take_turn_drift()
-    traj.drift.update(tb.drift)
-    if retok:
-        _finish_retokenized(traj, tb, codec, messages)
-    else:
-        traj.tokens, traj.mask, traj.logprobs = tb.tokens, tb.mask, tb.logprobs
-        traj.routed_experts = tb.routed_experts()
-    return traj
+            return stop
+        if calls:
+            await self.execute(calls, turn, tool_msgs)
+            if self.on_turn is not None:
+                await self.on_turn(turn_idx)
+        with_assistant = list(self.messages)
+        self.messages.extend(tool_msgs)
+        tb.insert(tb.observation_ids(with_assistant, self.messages))
+        turn.drift = tb.take_turn_drift()
+        return None
+
+    def parse(self, text: str, turn: Turn) -> tuple[tuple[ToolCall, ...], list[dict], StopReason | None]:
+        """(tool calls, tool messages so far, stop reason or None) of a turn's text; appends the assistant message."""
+        try:
+            parsed = parse_turn(text)
+        except ToolCallError as exc:
+            self.parse_errors += 1
+            turn.parse_error = str(exc)
+            self.messages.append({"role": "assistant", "content": self.codec.neutralize(text)})
+            stop = StopReason.PARSE_ERRORS if self.parse_errors >= self.cfg.max_parse_errors else None
+            return (), [{"role": "tool", "content": f"Error: {exc}"}], stop
+        self.parse_errors = 0
+        msg: dict[str, Any] = {"role": "assistant", "content": self.codec.neutralize(parsed.content)}
+        if parsed.calls:
+            msg["tool_calls"] = [c.to_message() for c in parsed.calls]
+        self.messages.append(msg)
+        self.tb.check_template(self.messages, text)
+        if any(c.name == "submit" for c in parsed.calls):
+            return parsed.calls, [], StopReason.SUBMITTED
+        return parsed.calls, [], None if parsed.calls else StopReason.FINISHED
+
+    async def execute(self, calls: tuple[ToolCall, ...], turn: Turn, tool_msgs: list[dict]) -> None:
+        """Run each call in the shell; its observation goes to `tool_msgs`, its outcome to `turn`."""
+        cfg, codec = self.cfg, self.codec
+        t_env = time.monotonic()
+        for call in calls:
+            remaining = max(1.0, min(cfg.command_timeout, self.agent_timeout - (time.monotonic() - self.t0)))
+            r = await self.shell.run(call.command, timeout=remaining)
+            output = r.stdout + (r.stderr if r.stderr else "")
+            obs = observation_text(codec, truncate_tokens(codec, output, cfg.obs_token_budget), r.exit_code,
+                                   r.timed_out)
+            tool_msgs.append({"role": "tool", "content": obs})
+            turn.command, turn.exit_code, turn.timed_out = call.command, r.exit_code, r.timed_out
+        turn.env_seconds = time.monotonic() - t_env
+
+
+async def run_loop(engine: Engine, codec: ChatCodec, shell: Any, system_prompt: str, instruction: str,
+                   cfg: AgentLoopConfig, traj: Trajectory, seed: int | None = None, agent_timeout: float = 900.0,
+                   on_turn: VerifyHook | None = None, loop: type[AgentLoop] = AgentLoop) -> Trajectory:
+    """`loop(...).run()`: one episode in an already started shell (see `AgentLoop`)."""
+    return await loop(engine, codec, shell, system_prompt, instruction, cfg, traj, seed=seed,
+                      agent_timeout=agent_timeout, on_turn=on_turn).run()
 
 
 def _finish_retokenized(traj: Trajectory, tb: TokenBuilder, codec: ChatCodec, messages: list[dict]) -> None:

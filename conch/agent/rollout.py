@@ -1,53 +1,30 @@
 """Many trajectories at once: while some episodes wait on their shell, others decode in the engine's batch.
 
-Each (task, sample) pair runs in its own sandbox with its own engine session; an asyncio semaphore bounds the
-number in flight. Finished trajectories are appended to the JSONL file as they complete, so an interrupted
-rollout keeps everything that finished.
+Each (task, sample) job runs in its own sandbox with its own engine session, through the one episode runner
+(`conch.agent.episode.run_episode` with a `PolicyAgent`) and the one job executor (`conch.agent.executor`),
+which bounds the number in flight. Finished trajectories are appended to the JSONL file as they complete, so
+an interrupted rollout keeps everything that finished.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from conch.agent.loop import AgentConfig, run_episode
+from conch.agent.episode import PolicyAgent, run_episode, sandbox_factory, system_prompt
+from conch.agent.executor import Job, RolloutStats, episode_seed, plan_jobs, run_jobs
+from conch.agent.loop import AgentLoop
 from conch.agent.tito import ChatCodec
 from conch.agent.trajectory import StopReason, Trajectory
+from conch.config import AgentLoopConfig
 from conch.engine.base import Engine
 from conch.tasks.model import Task
 
-
-@dataclass(frozen=True)
-class RolloutStats:
-    trajectories: int
-    sampled_tokens: int
-    env_steps: int
-    seconds: float
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.sampled_tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def steps_per_s(self) -> float:
-        return self.env_steps / self.seconds if self.seconds else 0.0
-
-
-def episode_seed(base: int, index: int) -> int:
-    """The sampling seed of the `index`-th (task, sample) episode of a rollout seeded `base` (every rollout
-    path, local or on Ray workers, seeds its episodes this way, so a trajectory does not depend on where it ran)."""
-    return base * 1_000_003 + index
-
-
-def system_prompt() -> str:
-    from conch.tasks.synth.trajectories import SYSTEM_PROMPT
-
-    return SYSTEM_PROMPT
+__all__ = ["RolloutStats", "dump_summary", "episode_seed", "progress_printer", "run_one", "run_rollouts",
+           "summarize", "system_prompt"]
 
 
 async def run_one(
@@ -55,70 +32,16 @@ async def run_one(
     codec: ChatCodec,
     task: Task,
     sample: int,
-    cfg: AgentConfig,
+    cfg: AgentLoopConfig,
     backend: str = "local",
     seed: int | None = None,
     verify_every: int = 0,
     network: str = "never",
 ) -> Trajectory:
-    """One episode of `task` in a fresh sandbox, then its verifier. Never raises (except cancellation)."""
-    from conch.sandbox import make_sandbox
-    from conch.sandbox.network import granted
-    from conch.verify import verify
-
-    traj = Trajectory(task=task.name, sample=sample, mode=cfg.mode)
-    sandbox = make_sandbox(backend, task.sandbox_spec(), registries=granted(network, task.allow_internet))
-    t0 = time.monotonic()
-    try:
-        await sandbox.start()
-        traj.timings["sandbox_start_seconds"] = time.monotonic() - t0
-        shell = await sandbox.shell()
-
-        async def measure_progress(turn_idx: int) -> None:
-            # Reward mode `progress`: count passing tests every `verify_every` turns, in a verifier box over the
-            # agent's filesystem while the agent is frozen (it never sees the tests).
-            if verify_every and (turn_idx + 1) % verify_every == 0:
-                res = await verify(sandbox, task, final=False)
-                traj.progress.append((turn_idx, res.n_passed))
-
-        await run_episode(
-            engine,
-            codec,
-            shell,
-            system_prompt(),
-            task.instruction,
-            cfg,
-            traj,
-            seed=seed,
-            agent_timeout=cfg.agent_timeout or task.agent_timeout_sec,
-            on_turn=measure_progress if verify_every else None,
-        )
-        await shell.close()
-        t_v = time.monotonic()
-        result = await verify(sandbox, task)
-        traj.timings["verify_seconds"] = time.monotonic() - t_v
-        traj.n_passed, traj.n_total, traj.reward, traj.verifier_error = (
-            result.n_passed,
-            result.n_total,
-            result.reward,
-            result.error,
-        )
-        traj.verifier_fault, traj.tampered = result.fault, result.tampered
-        if result.error and result.fault == "agent":
-            traj.n_passed = 0  # the agent broke its own verification: a failure, never its partial count
-        traj.tests = [{"name": t.name, "status": t.status} for t in result.tests]
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        traj.stop_reason = StopReason.ERROR
-        traj.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        try:
-            await sandbox.stop()
-        except Exception:
-            pass
-    traj.timings["total_seconds"] = time.monotonic() - t0
-    return traj
+    """One episode of the policy on `task` in a fresh sandbox, then its verifier. Never raises (except
+    cancellation). `run_episode` with a `PolicyAgent`, for callers holding an engine and a codec."""
+    agent = PolicyAgent(engine, codec, cfg, verify_every=verify_every)
+    return await run_episode(task, agent, sandbox_factory(backend, network), sample=sample, seed=seed)
 
 
 async def run_rollouts(
@@ -126,7 +49,7 @@ async def run_rollouts(
     codec: ChatCodec,
     tasks: Sequence[Task],
     n_per_task: int,
-    cfg: AgentConfig,
+    cfg: AgentLoopConfig,
     concurrency: int = 8,
     backend: str = "local",
     seed: int = 0,
@@ -134,40 +57,31 @@ async def run_rollouts(
     verify_every: int = 0,
     on_done: Callable[[Trajectory], None] | None = None,
     network: str = "never",
+    loop: Callable[..., AgentLoop] = AgentLoop,
 ) -> tuple[list[Trajectory], RolloutStats]:
-    """Run `n_per_task` episodes of every task, `concurrency` at a time; results in (task, sample) order."""
-    gate = asyncio.Semaphore(max(1, concurrency))
-    jobs = [(t, k) for t in tasks for k in range(n_per_task)]
+    """Run `n_per_task` episodes of every task, `concurrency` at a time; results in (task, sample) order.
+    `loop` builds each episode's agent loop (a benchmark's subclass; production keeps `AgentLoop`)."""
+    agent = PolicyAgent(engine, codec, cfg, verify_every=verify_every, loop=loop)
+    sandboxes = sandbox_factory(backend, network)
     fh = open(out, "a") if out is not None else None
     t0 = time.monotonic()
-    done = 0
 
-    async def one(i: int, task: Task, k: int) -> Trajectory:
-        nonlocal done
-        async with gate:
-            traj = await run_one(engine, codec, task, k, cfg, backend, seed=episode_seed(seed, i),
-                                 verify_every=verify_every, network=network)
-        done += 1
+    async def one(job: Job) -> Trajectory:
+        return await run_episode(job.task, agent, sandboxes, sample=job.sample, seed=job.seed(seed))
+
+    def done(traj: Trajectory) -> None:
         if fh is not None:
             fh.write(traj.dumps() + "\n")
             fh.flush()
         if on_done is not None:
             on_done(traj)
-        return traj
 
     try:
-        trajs = list(await asyncio.gather(*(one(i, t, k) for i, (t, k) in enumerate(jobs))))
+        trajs = await run_jobs(plan_jobs(tasks, n_per_task), one, concurrency, done)
     finally:
         if fh is not None:
             fh.close()
-    seconds = time.monotonic() - t0
-    stats = RolloutStats(
-        trajectories=len(trajs),
-        sampled_tokens=sum(t.num_sampled for t in trajs),
-        env_steps=sum(1 for t in trajs for turn in t.turns if turn.command is not None),
-        seconds=seconds,
-    )
-    return trajs, stats
+    return trajs, RolloutStats.of(trajs, time.monotonic() - t0)
 
 
 def progress_printer(total: int) -> Callable[[Trajectory], None]:

@@ -5,12 +5,12 @@ engine's batch full, so the loop should cost little over the engine alone (the i
 the engine-only tokens/s at C = 32) and run far faster than trajectories one at a time.
 
 What runs (all real: the tiny model in HFEngine with routing capture, local sandboxes with persistent shells,
-`run_episode` in TITO mode with its bookkeeping and drift checks; retokenize mode re-prefills every turn, so
-its engine-only twin would be a different workload). A random model never emits a tool call, so every
-turn runs `AgentConfig.fallback_command` (a real command, `--command`) in the trajectory's shell; the turn's ids
-are still exactly what was sampled. Three measurements, each over the same model, turns and tokens per turn:
+the agent loop in TITO mode with its bookkeeping and drift checks; retokenize mode re-prefills every turn, so
+its engine-only twin would be a different workload). A random model never emits a tool call, so every turn
+runs the fallback command of `conch.bench.agents.FallbackLoop` (a real command, `--command`) in the
+trajectory's shell; the turn's ids are still exactly what was sampled. Three measurements, each over the same model, turns and tokens per turn:
 
-- rollout: C episodes at once (`run_episode`, one sandbox each), `--turns` turns of up to `--max-new-tokens`.
+- rollout: C episodes at once (`run_loop`, one sandbox each), `--turns` turns of up to `--max-new-tokens`.
 - engine only (the limit): C engine sessions replaying exactly what the rollout fed and sampled, turn by turn
   (the same prompt and observation ids, the same number of sampled ids per turn, the same seeds), with no
   sandbox, no parsing, no tokenization between turns. The same batch size, the same tokens.
@@ -123,21 +123,22 @@ def _plan(traj: Any) -> list[tuple[list[int], int]]:
 
 
 def _seed(base: int, i: int) -> int:
-    from conch.agent.rollout import episode_seed
+    from conch.agent.executor import episode_seed
 
-    return episode_seed(base, i)  # as run_rollouts seeds its i-th trajectory
+    return episode_seed(base, i)  # as the job executor seeds its i-th trajectory
 
 
 async def _episodes(engine: Any, codec: Any, shells: list[Any], cfg: Any, seed: int, indices: list[int],
-                    concurrent: bool) -> list[Any]:
-    from conch.agent.loop import run_episode
-    from conch.agent.rollout import system_prompt
+                    concurrent: bool, command: str) -> list[Any]:
+    from conch.agent.episode import system_prompt
+    from conch.agent.loop import run_loop
     from conch.agent.trajectory import StopReason, Trajectory
+    from conch.bench.agents import fallback_loop
 
     async def one(i: int):
         traj = Trajectory(task="bench-rollout", sample=i, mode=cfg.mode)
-        await run_episode(engine, codec, shells[i], system_prompt(), INSTRUCTION, cfg, traj, seed=_seed(seed, i),
-                          agent_timeout=3600.0)
+        await run_loop(engine, codec, shells[i], system_prompt(), INSTRUCTION, cfg, traj, seed=_seed(seed, i),
+                       agent_timeout=3600.0, loop=fallback_loop(command))
         if traj.stop_reason != StopReason.MAX_TURNS or traj.error:
             raise RuntimeError(f"trajectory {i} stopped early ({traj.stop_reason.value}): {traj.error}")
         return traj
@@ -179,8 +180,8 @@ def _mean(xs: list[float]) -> float:
 
 
 async def _bench(args: argparse.Namespace) -> dict:
-    from conch.agent.loop import AgentConfig
     from conch.agent.tito import ChatCodec
+    from conch.bench.agents import bench_agent
     from conch.engine.registry import build_engine
     from conch.sandbox import SandboxSpec, make_sandbox
     from conch.tasks.synth.trajectories import BASH_TOOL
@@ -189,8 +190,8 @@ async def _bench(args: argparse.Namespace) -> dict:
     model = resolve_model(args.model)
     engine = build_engine(engine_options(args), model, max_batch=c)
     codec = ChatCodec(engine.tokenizer, tools=[BASH_TOOL])
-    cfg = AgentConfig(max_turns=args.turns, max_new_tokens=args.max_new_tokens, mode="tito",
-                      fallback_command=args.fallback_command)
+    cfg = bench_agent(max_turns=args.turns, max_new_tokens=args.max_new_tokens, mode="tito")
+    command = args.fallback_command
     sandboxes = [make_sandbox("local", SandboxSpec(name=f"bench-rollout-{i}")) for i in range(c)]
     try:
         t0 = time.perf_counter()
@@ -199,8 +200,8 @@ async def _bench(args: argparse.Namespace) -> dict:
         start_seconds = time.perf_counter() - t0
         print(f"{c} sandboxes started in {start_seconds:.2f}s", file=sys.stderr)
         # Warm-up: every shell and engine session size once (allocators, first-call paths), off the clock.
-        warm = AgentConfig(max_turns=1, max_new_tokens=4, mode="tito", fallback_command=args.fallback_command)
-        await _episodes(engine, codec, shells, warm, args.seed + 1, list(range(c)), True)
+        warm = bench_agent(max_turns=1, max_new_tokens=4, mode="tito")
+        await _episodes(engine, codec, shells, warm, args.seed + 1, list(range(c)), True, command)
 
         counters = ServerCounters(engine)
         rollouts: list[Phase] = []
@@ -209,7 +210,7 @@ async def _bench(args: argparse.Namespace) -> dict:
         trajs = []
         for rep in range(max(1, args.repeats)):
             got, sec, fwd, steps, cpu = await _timed(
-                engine, lambda: _episodes(engine, codec, shells, cfg, args.seed, list(range(c)), True))
+                engine, lambda: _episodes(engine, codec, shells, cfg, args.seed, list(range(c)), True, command))
             rollouts.append(_traj_phase(got, sec, fwd, steps, cpu))
             if plans is None:
                 trajs, plans = got, [_plan(t) for t in got]
@@ -222,7 +223,7 @@ async def _bench(args: argparse.Namespace) -> dict:
             print(f"engine-only run {rep + 1}: {engine_only[-1].row()['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
 
         got, sec, fwd, steps, cpu = await _timed(
-            engine, lambda: _episodes(engine, codec, shells, cfg, args.seed, list(range(n_seq)), False))
+            engine, lambda: _episodes(engine, codec, shells, cfg, args.seed, list(range(n_seq)), False, command))
         sequential = _traj_phase(got, sec, fwd, steps, cpu)
         print(f"sequential: {sequential.row()['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
         server = counters.delta()

@@ -69,7 +69,7 @@ async def _rollout_runs(args: argparse.Namespace, model_dir: Path, agent: Any, t
     out: dict[str, Any] = {"workers": [], "trajectories": args.trajectories, "seconds": [], "ideal_seconds": [],
                            "lost": 0, "duplicated": 0, "payload_bytes_per_1k_tokens": None}
     for w in [int(x) for x in args.workers.split(",") if x.strip()]:
-        src = RayRolloutSource(model_dir, EngineOptions(), agent, _cluster(w, args.slots))
+        src = RayRolloutSource(model_dir, EngineOptions(), agent, _cluster(w, args.slots), loop=_loop(args))
         try:
             t0 = time.monotonic()
             trajs, _ = await src.rollouts(tasks, args.trajectories, seed=w)
@@ -94,7 +94,7 @@ async def _fault_run(args: argparse.Namespace, model_dir: Path, agent: Any, task
 
     from conch.cluster.ray_rollout import RayRolloutSource
 
-    src = RayRolloutSource(model_dir, EngineOptions(), agent, _cluster(2, args.slots))
+    src = RayRolloutSource(model_dir, EngineOptions(), agent, _cluster(2, args.slots), loop=_loop(args))
     n = 4 * args.slots
     killed: list[int] = []
 
@@ -131,7 +131,7 @@ async def _ppo_rows(args: argparse.Namespace, model_dir: Path, tasks: list, run_
         "run.time_budget_minutes=0"])
     loaded = load_policy(model_dir)
     learner = Learner(cfg, loaded.model, loaded.tokenizer, pad_id=loaded.tokenizer.pad_token_id or 0)
-    source = RayRolloutSource(model_dir, EngineOptions(), _agent(args, sleep), cfg.cluster)
+    source = RayRolloutSource(model_dir, EngineOptions(), _agent(args), cfg.cluster, loop=_loop(args, sleep))
     run_dir.mkdir()
     metrics = MetricsLogger(run_dir)
     try:
@@ -165,11 +165,17 @@ async def _async_runs(args: argparse.Namespace, model_dir: Path, tasks: list, tm
     return result, sync
 
 
-def _agent(args: argparse.Namespace, sleep: float | None = None) -> Any:
-    from conch.agent.loop import AgentConfig
+def _agent(args: argparse.Namespace) -> Any:
+    from conch.bench.agents import bench_agent
 
-    return AgentConfig(max_turns=args.turns, max_new_tokens=8, max_context=1024, command_timeout=60,
-                       fallback_command=f"sleep {args.sleep if sleep is None else sleep}; touch /app/done")
+    return bench_agent(max_turns=args.turns, max_new_tokens=8, max_context=1024, command_timeout=60)
+
+
+def _loop(args: argparse.Namespace, sleep: float | None = None) -> Any:
+    """Every turn sleeps, then marks the task done (the model emits no tool call)."""
+    from conch.bench.agents import fallback_spec
+
+    return fallback_spec(f"sleep {args.sleep if sleep is None else sleep}; touch /app/done")
 
 
 async def _bench(args: argparse.Namespace) -> dict:

@@ -16,18 +16,34 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import importlib
 import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from conch.agent.loop import AgentConfig
-from conch.agent.rollout import RolloutStats
+from conch.agent.executor import Job, RolloutStats, plan_jobs
 from conch.agent.trajectory import Trajectory
+from conch.config import AgentLoopConfig
 from conch.engine.registry import EngineOptions
 from conch.engine.weight_sync import tensor_bytes
-from conch.rl.rollout_source import Job, plan_jobs
 from conch.tasks.model import Task
+
+# An agent loop other than the production one, as plain data that crosses to the workers: ("module:Class",
+# keyword arguments of its constructor). Benchmarks only (conch/bench/agents.py).
+LoopSpec = tuple[str, dict[str, Any]]
+
+
+def loop_from_spec(spec: LoopSpec | None) -> Any:
+    """The loop constructor a `LoopSpec` names (the production `AgentLoop` for None)."""
+    from functools import partial
+
+    from conch.agent.loop import AgentLoop
+
+    if spec is None:
+        return AgentLoop
+    module, _, name = spec[0].partition(":")
+    return partial(getattr(importlib.import_module(module), name), **spec[1])
 
 
 class ClusterError(RuntimeError):
@@ -42,9 +58,11 @@ def _worker_class():
         """One engine replica and its sandbox slots; `run` calls interleave on the actor's event loop."""
 
         def __init__(self, model_dir: str, engine: EngineOptions, agent: dict, backend: str, slots: int,
-                     threads: int, verify_every: int, network: str, weights: Any = None) -> None:
+                     threads: int, verify_every: int, network: str, weights: Any = None,
+                     loop: LoopSpec | None = None) -> None:
             import torch
 
+            from conch.agent.episode import PolicyAgent, sandbox_factory
             from conch.agent.tito import ChatCodec
             from conch.engine.registry import build_engine
             from conch.tasks.synth.trajectories import BASH_TOOL
@@ -54,16 +72,15 @@ def _worker_class():
             if weights is not None:
                 self.engine.load_weights(weights)
             self.codec = ChatCodec(self.engine.tokenizer, tools=[BASH_TOOL])
-            self.agent, self.backend, self.verify_every = AgentConfig(**agent), backend, verify_every
-            self.network = network
+            self.agent = PolicyAgent(self.engine, self.codec, AgentLoopConfig(**agent), verify_every=verify_every,
+                                     loop=loop_from_spec(loop))
+            self.sandboxes = sandbox_factory(backend, network)
 
         async def run(self, task: Task, sample: int, seed: int) -> dict:
-            from conch.agent.rollout import run_one
+            from conch.agent.episode import run_episode
             from conch.cluster.payload import pack
 
-            traj = await run_one(self.engine, self.codec, task, sample, self.agent, self.backend, seed=seed,
-                                 verify_every=self.verify_every, network=self.network)
-            return pack(traj)
+            return pack(await run_episode(task, self.agent, self.sandboxes, sample=sample, seed=seed))
 
         async def load_weights(self, state_dict: dict) -> float:
             t0 = time.monotonic()
@@ -104,14 +121,16 @@ def connect(address: str = "", num_cpus: int | None = None) -> None:
 class RayRolloutSource:
     """`RolloutSource` over Ray actors (see the module docstring for scheduling and fault handling)."""
 
-    def __init__(self, model_dir: str | Path, engine: EngineOptions, agent: AgentConfig, cluster: Any,
-                 backend: str = "local", verify_every: int = 0, network: str = "never") -> None:
+    def __init__(self, model_dir: str | Path, engine: EngineOptions, agent: AgentLoopConfig, cluster: Any,
+                 backend: str = "local", verify_every: int = 0, network: str = "never",
+                 loop: LoopSpec | None = None) -> None:
         import ray
 
         connect(cluster.address)
         self._ray = ray
         self.model_dir, self.engine_options, self.backend = str(model_dir), engine, backend
         self.agent, self.verify_every, self.cluster, self.network = agent, verify_every, cluster, network
+        self.loop = loop
         self.slots = cluster.sandboxes_per_worker
         self._weights: Any = None  # object ref of the latest pushed weights (replacement workers start from it)
         self.workers: list[Any] = [self._start() for _ in range(cluster.rollout_workers)]
@@ -135,7 +154,7 @@ class RayRolloutSource:
             opts["resources"] = dict(c.worker_resources)
         return _worker_class().options(**opts).remote(
             self.model_dir, self.engine_options, dataclasses.asdict(self.agent), self.backend, self.slots,
-            max(1, int(c.worker_cpus)), self.verify_every, self.network, self._weights)
+            max(1, int(c.worker_cpus)), self.verify_every, self.network, self._weights, self.loop)
 
     def placement(self) -> list[dict]:
         return self._ray.get([w.where.remote() for w in self.workers])
@@ -188,10 +207,7 @@ class RayRolloutSource:
                 if on_done is not None:
                     on_done(traj)
         trajs = [results[i] for i in range(total)]
-        stats = RolloutStats(trajectories=len(trajs), sampled_tokens=sum(t.num_sampled for t in trajs),
-                             env_steps=sum(1 for t in trajs for turn in t.turns if turn.command is not None),
-                             seconds=time.monotonic() - t0)
-        return trajs, stats
+        return trajs, RolloutStats.of(trajs, time.monotonic() - t0)
 
     def _replace(self, w: int) -> None:
         """Worker `w` died: a new actor, started from the latest weights, takes its place."""

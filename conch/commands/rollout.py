@@ -36,29 +36,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def load_rollout_tasks(args: argparse.Namespace) -> list:
+    """The loadable tasks under --tasks (the others said on stderr); UsageError when none, or a bad --n-per-task."""
+    import sys
+    from pathlib import Path
+
+    from conch.cli import UsageError
+    from conch.preflight import check_task_dir
+    from conch.tasks.loader import load_tasks
+    from conch.tasks.model import TaskLoadError
+
+    for p in args.tasks:
+        check_task_dir(p, "--tasks")
+    tasks = load_tasks([Path(p) for p in args.tasks])
+    for t in tasks:
+        if isinstance(t, TaskLoadError):
+            print(f"skipping task {t.name}: {t}", file=sys.stderr)
+    tasks = [t for t in tasks if not isinstance(t, TaskLoadError)]
+    if not tasks:
+        raise UsageError(f"no loadable tasks under {' '.join(args.tasks)}")
+    if args.n_per_task < 1:
+        raise UsageError("--n-per-task must be at least 1")
+    return tasks
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import json
     import sys
     from pathlib import Path
 
-    from conch.cli import UsageError
-    from conch.tasks.loader import load_tasks
-    from conch.preflight import check_task_dir
-    from conch.tasks.model import TaskLoadError
-
-    for p in args.tasks:
-        check_task_dir(p, "--tasks")
-    tasks = load_tasks([Path(p) for p in args.tasks])
-    bad = [t for t in tasks if isinstance(t, TaskLoadError)]
-    for t in bad:
-        print(f"skipping task {t.name}: {t}", file=sys.stderr)
-    tasks = [t for t in tasks if not isinstance(t, TaskLoadError)]
-    if not tasks:
-        raise UsageError(f"no loadable tasks under {' '.join(args.tasks)}")
-    if args.n_per_task < 1:
-        raise UsageError("--n-per-task must be at least 1")
-
+    tasks = load_rollout_tasks(args)
     from conch.agent.rollout import progress_printer, run_rollouts, summarize
     from conch.progress import Progress
     from conch.report.hooks import outcome_info
@@ -71,7 +79,6 @@ def run(args: argparse.Namespace) -> int:
     from conch.engine.registry import build_engine, options_for_command
     from conch.model.init import cached_model
     from conch.preflight import check_model_dir
-    from conch.rl.stages import agent_config
     from conch.tasks.synth.trajectories import BASH_TOOL
 
     flags = (("concurrency", "ppo.concurrency"), ("sandbox", "sandbox.backend"), ("mode", "agent.mode"),
@@ -87,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     conf = load_config(args.config, [*args.overrides, *(f"{key}={getattr(args, attr)}" for attr, key in flags
                                                          if getattr(args, attr) is not None)], preset=preset)
     model_dir = check_model_dir(args.model, "--model") if args.model else cached_model()
-    cfg = agent_config(conf)
+    cfg = conf.agent
     args.concurrency, args.sandbox, args.dtype = conf.ppo.concurrency, conf.sandbox.backend, conf.model.sampler_dtype
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from conch.rl.stages import agent_config, log
+from conch.rl.stages import log
 
 Factory = Callable[[Any, Any, Any, Path], Any]  # (cfg, engine, codec, model_dir) -> a rollout source
 
@@ -25,7 +25,7 @@ def _local(cfg: Any, engine: Any, codec: Any, model_dir: Path) -> Any:
     """This process: the driver's engine, one sandbox pool of `ppo.concurrency`."""
     from conch.rl.rollout_source import LocalRolloutSource
 
-    return LocalRolloutSource(engine, codec, agent_config(cfg), backend=cfg.sandbox.backend,
+    return LocalRolloutSource(engine, codec, cfg.agent, backend=cfg.sandbox.backend,
                               concurrency=cfg.ppo.concurrency, verify_every=_verify_every(cfg),
                               network=cfg.sandbox.network)
 
@@ -37,7 +37,7 @@ def _ray(cfg: Any, engine: Any, codec: Any, model_dir: Path) -> Any:
 
     log(f"starting {cfg.cluster.rollout_workers} Ray rollout workers x {cfg.cluster.sandboxes_per_worker} "
         f"sandboxes" + (f" on {cfg.cluster.address}" if cfg.cluster.address else " (local Ray instance)"))
-    return RayRolloutSource(model_dir, options_from_config(cfg), agent_config(cfg), cfg.cluster,
+    return RayRolloutSource(model_dir, options_from_config(cfg), cfg.agent, cfg.cluster,
                             backend=cfg.sandbox.backend, verify_every=_verify_every(cfg), network=cfg.sandbox.network)
 
 

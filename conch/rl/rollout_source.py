@@ -2,36 +2,21 @@
 
 Why an object: the driver should not care whether episodes run in this process (one engine, one sandbox pool)
 or on Ray workers spread over machines (an engine replica and a sandbox pool each). Both take the same
-(task, sample, seed) jobs, return the same plain `Trajectory` data in (task, sample) order, and take new weights
-after each update through `load_weights`.
+(task, sample, seed) jobs (`conch.agent.executor.plan_jobs`), return the same plain `Trajectory` data in
+(task, sample) order, and take new weights after each update through `load_weights`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
-from conch.agent.loop import AgentConfig
-from conch.agent.rollout import RolloutStats, episode_seed
+from conch.agent.executor import Job, RolloutStats, plan_jobs
+from conch.agent.rollout import run_rollouts
 from conch.agent.trajectory import Trajectory
+from conch.config import AgentLoopConfig
 from conch.tasks.model import Task
 
-
-@dataclass(frozen=True)
-class Job:
-    """One episode to run: the `index` orders results and derives the episode's sampling seed."""
-
-    index: int
-    task: Task
-    sample: int
-
-    def seed(self, base: int) -> int:
-        return episode_seed(base, self.index)
-
-
-def plan_jobs(tasks: Sequence[Task], n_per_task: int) -> list[Job]:
-    """Every (task, sample) pair once, in task order: the unit of scheduling and of exactly-once accounting."""
-    return [Job(i, t, k) for i, (t, k) in enumerate((t, k) for t in tasks for k in range(n_per_task))]
+__all__ = ["Job", "LocalRolloutSource", "RolloutSource", "plan_jobs"]
 
 
 class RolloutSource(Protocol):
@@ -49,7 +34,7 @@ class RolloutSource(Protocol):
 class LocalRolloutSource:
     """Episodes in this process: one engine (continuous batching) and up to `concurrency` sandboxes at once."""
 
-    def __init__(self, engine: Any, codec: Any, agent: AgentConfig, backend: str = "local", concurrency: int = 8,
+    def __init__(self, engine: Any, codec: Any, agent: AgentLoopConfig, backend: str = "local", concurrency: int = 8,
                  verify_every: int = 0, network: str = "never") -> None:
         self.engine, self.codec, self.agent = engine, codec, agent
         self.backend, self.concurrency, self.verify_every = backend, concurrency, verify_every
@@ -57,8 +42,6 @@ class LocalRolloutSource:
 
     async def rollouts(self, tasks: Sequence[Task], n_per_task: int, seed: int,
                        on_done: Callable[[Trajectory], None] | None = None) -> tuple[list[Trajectory], RolloutStats]:
-        from conch.agent.rollout import run_rollouts
-
         return await run_rollouts(self.engine, self.codec, tasks, n_per_task, self.agent,
                                   concurrency=self.concurrency, backend=self.backend, seed=seed,
                                   verify_every=self.verify_every, on_done=on_done, network=self.network)

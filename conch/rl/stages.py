@@ -268,26 +268,16 @@ def eval_result(trajs: Sequence[Any]) -> EvalResult:
 
 async def evaluate(engine: Any, codec: Any, tasks: Sequence[Any], cfg: Config, seed: int, n_per_task: int | None = None,
                    out: Path | None = None, on_done: Any = None) -> EvalResult:
-    from dataclasses import replace
-
+    """The policy on `tasks` with the config's `[agent]` section at the evaluation's temperature (greedy: top_p 1)."""
     from conch.agent.rollout import run_rollouts
 
-    agent = agent_config(cfg)
-    agent = replace(agent, temperature=cfg.eval.temperature, top_p=1.0 if cfg.eval.temperature == 0 else agent.top_p)
+    agent = dataclasses.replace(cfg.agent, temperature=cfg.eval.temperature,
+                                top_p=1.0 if cfg.eval.temperature == 0 else cfg.agent.top_p)
     trajs, _ = await run_rollouts(engine, codec, tasks, n_per_task or cfg.eval.n_per_task, agent,
                                   concurrency=cfg.ppo.concurrency, backend=cfg.sandbox.backend, seed=seed, out=out,
                                   network=cfg.sandbox.network,
                                   on_done=on_done)
     return eval_result(trajs)
-
-
-def agent_config(cfg: Config):
-    from conch.agent.loop import AgentConfig
-
-    a = cfg.agent
-    return AgentConfig(max_turns=a.max_turns, max_context=a.max_context, max_new_tokens=a.max_new_tokens,
-                       obs_token_budget=a.obs_token_budget, command_timeout=a.command_timeout,
-                       temperature=a.temperature, top_p=a.top_p, mode=a.mode)
 
 
 # Config keys whose stage's output is pinned once the stage is complete: (key prefix, markers that pin it).

@@ -13,7 +13,6 @@ passes every test after those turns, so SFT never imitates a run that does not s
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import subprocess
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conch.agent.executor import run_jobs
 from conch.tasks.model import Task
 
 _SCRIPT_FLAGS = re.compile(r"^\s*set\s+[-+][a-z]*(\s+[-+]?[a-z]+)*\s*(#.*)?$")
@@ -88,17 +88,8 @@ async def demonstrate(task: Task, backend: str = "local") -> DemoResult:
 
 async def demonstrate_all(tasks: Sequence[Task], backend: str = "local", jobs: int = 2,
                           on_result: Callable[[DemoResult], None] | None = None) -> list[DemoResult]:
-    """`demonstrate` over `tasks`, `jobs` sandboxes at a time; results in input order."""
-    gate = asyncio.Semaphore(max(1, jobs))
-
-    async def one(task: Task) -> DemoResult:
-        async with gate:
-            res = await demonstrate(task, backend)
-        if on_result is not None:
-            on_result(res)
-        return res
-
-    return list(await asyncio.gather(*(one(t) for t in tasks)))
+    """`demonstrate` over `tasks`, `jobs` sandboxes at a time (the one job executor); results in input order."""
+    return await run_jobs(tasks, lambda task: demonstrate(task, backend), jobs, on_result)
 
 
 class DemoFormatError(ValueError):
